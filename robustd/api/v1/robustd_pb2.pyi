@@ -1,0 +1,223 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEVERITY_UNSPECIFIED: _ClassVar[Severity]
+    SEVERITY_OK: _ClassVar[Severity]
+    SEVERITY_WARNING: _ClassVar[Severity]
+    SEVERITY_CRITICAL: _ClassVar[Severity]
+
+class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTION_UNSPECIFIED: _ClassVar[Action]
+    ACTION_NONE: _ClassVar[Action]
+    ACTION_RESTART_JOB: _ClassVar[Action]
+    ACTION_RESET_GPU: _ClassVar[Action]
+    ACTION_REBOOT: _ClassVar[Action]
+    ACTION_HW_INSPECT: _ClassVar[Action]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_RAISED: _ClassVar[EventKind]
+    EVENT_KIND_UPDATED: _ClassVar[EventKind]
+    EVENT_KIND_CLEARED: _ClassVar[EventKind]
+
+class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECK_STATUS_UNSPECIFIED: _ClassVar[CheckStatus]
+    CHECK_STATUS_NOT_YET_RUN: _ClassVar[CheckStatus]
+    CHECK_STATUS_OK: _ClassVar[CheckStatus]
+    CHECK_STATUS_ERROR: _ClassVar[CheckStatus]
+    CHECK_STATUS_TIMEOUT: _ClassVar[CheckStatus]
+    CHECK_STATUS_DISABLED: _ClassVar[CheckStatus]
+    CHECK_STATUS_UNSUPPORTED: _ClassVar[CheckStatus]
+    CHECK_STATUS_WATCHING: _ClassVar[CheckStatus]
+SEVERITY_UNSPECIFIED: Severity
+SEVERITY_OK: Severity
+SEVERITY_WARNING: Severity
+SEVERITY_CRITICAL: Severity
+ACTION_UNSPECIFIED: Action
+ACTION_NONE: Action
+ACTION_RESTART_JOB: Action
+ACTION_RESET_GPU: Action
+ACTION_REBOOT: Action
+ACTION_HW_INSPECT: Action
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_RAISED: EventKind
+EVENT_KIND_UPDATED: EventKind
+EVENT_KIND_CLEARED: EventKind
+CHECK_STATUS_UNSPECIFIED: CheckStatus
+CHECK_STATUS_NOT_YET_RUN: CheckStatus
+CHECK_STATUS_OK: CheckStatus
+CHECK_STATUS_ERROR: CheckStatus
+CHECK_STATUS_TIMEOUT: CheckStatus
+CHECK_STATUS_DISABLED: CheckStatus
+CHECK_STATUS_UNSUPPORTED: CheckStatus
+CHECK_STATUS_WATCHING: CheckStatus
+
+class Condition(_message.Message):
+    __slots__ = ("component", "code", "severity", "action", "message", "evidence", "first_seen", "last_seen", "count", "sticky", "seq", "source", "boot_id")
+    class EvidenceEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    STICKY_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    component: str
+    code: str
+    severity: Severity
+    action: Action
+    message: str
+    evidence: _containers.ScalarMap[str, str]
+    first_seen: _timestamp_pb2.Timestamp
+    last_seen: _timestamp_pb2.Timestamp
+    count: int
+    sticky: bool
+    seq: int
+    source: str
+    boot_id: str
+    def __init__(self, component: _Optional[str] = ..., code: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., message: _Optional[str] = ..., evidence: _Optional[_Mapping[str, str]] = ..., first_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count: _Optional[int] = ..., sticky: _Optional[bool] = ..., seq: _Optional[int] = ..., source: _Optional[str] = ..., boot_id: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("seq", "at", "kind", "condition", "snapshot")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    at: _timestamp_pb2.Timestamp
+    kind: EventKind
+    condition: Condition
+    snapshot: bool
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[_Union[EventKind, str]] = ..., condition: _Optional[_Union[Condition, _Mapping]] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class GetVerdictRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Verdict(_message.Message):
+    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    severity: Severity
+    action: Action
+    conditions: _containers.RepeatedCompositeFieldContainer[Condition]
+    seq: int
+    at: _timestamp_pb2.Timestamp
+    boot_id: str
+    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("from_seq",)
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    from_seq: int
+    def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("since", "component", "min_severity", "limit", "after_seq")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    MIN_SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    since: _timestamp_pb2.Timestamp
+    component: str
+    min_severity: Severity
+    limit: int
+    after_seq: int
+    def __init__(self, since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., component: _Optional[str] = ..., min_severity: _Optional[_Union[Severity, str]] = ..., limit: _Optional[int] = ..., after_seq: _Optional[int] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events", "oldest_seq", "head_seq")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    oldest_seq: int
+    head_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., oldest_seq: _Optional[int] = ..., head_seq: _Optional[int] = ...) -> None: ...
+
+class ListChecksRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckInfo(_message.Message):
+    __slots__ = ("name", "enabled", "mode", "interval", "timeout", "last_run", "last_duration", "status", "last_error", "runs", "failures")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    LAST_RUN_FIELD_NUMBER: _ClassVar[int]
+    LAST_DURATION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    enabled: bool
+    mode: str
+    interval: _duration_pb2.Duration
+    timeout: _duration_pb2.Duration
+    last_run: _timestamp_pb2.Timestamp
+    last_duration: _duration_pb2.Duration
+    status: CheckStatus
+    last_error: str
+    runs: int
+    failures: int
+    def __init__(self, name: _Optional[str] = ..., enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_run: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., status: _Optional[_Union[CheckStatus, str]] = ..., last_error: _Optional[str] = ..., runs: _Optional[int] = ..., failures: _Optional[int] = ...) -> None: ...
+
+class ListChecksResponse(_message.Message):
+    __slots__ = ("checks",)
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    checks: _containers.RepeatedCompositeFieldContainer[CheckInfo]
+    def __init__(self, checks: _Optional[_Iterable[_Union[CheckInfo, _Mapping]]] = ...) -> None: ...
+
+class AcknowledgeRequest(_message.Message):
+    __slots__ = ("component", "code", "reason")
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    component: str
+    code: str
+    reason: str
+    def __init__(self, component: _Optional[str] = ..., code: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AcknowledgeResponse(_message.Message):
+    __slots__ = ("event",)
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    event: Event
+    def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,106 @@
+"""The meaning of condition codes: severity, action, stickiness, tolerance, hold-down.
+
+Matching never judges: a check says *what* it saw (a code); this table says what that means.
+Tables come from rule files (e.g. checks/rules/kernel.yaml `codes:`), then `policy.codes` in
+robustd.yaml overrides them key by key. A key ending in `*` covers every code with that prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Mapping
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from robustd.durations import Duration
+from robustd.model import Action, Severity
+
+
+def _enum_by_name(enum_type: type) -> Any:
+    def parse(value: Any) -> Any:
+        if isinstance(value, enum_type):
+            return value
+        if isinstance(value, str):
+            name = value.strip().upper()
+            for prefix in ("SEVERITY_", "ACTION_"):
+                name = name.removeprefix(prefix)
+            if name in enum_type.__members__:
+                return enum_type[name]
+        allowed = ", ".join(enum_type.__members__)
+        raise ValueError(f"must be one of {allowed}, got {value!r}")
+
+    return BeforeValidator(parse)
+
+
+SeverityName = Annotated[Severity, _enum_by_name(Severity)]
+ActionName = Annotated[Action, _enum_by_name(Action)]
+
+
+class Tolerate(BaseModel):
+    """Stay WARNING until `count` occurrences within `window`, then take the full severity."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=2)
+    window: Duration
+
+
+class CodeRule(BaseModel):
+    """The meaning of one code. Unset fields fall through to the next table, then defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+    severity: SeverityName | None = None
+    action: ActionName | None = None
+    sticky: bool | None = None
+    tolerate: Tolerate | None = None
+    clear_after: Duration | None = None
+    escalate_after_reboots: int | None = Field(default=None, ge=1)
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """A code's resolved meaning for one finding."""
+
+    severity: Severity
+    action: Action
+    sticky: bool
+    tolerate: Tolerate | None
+    clear_after: float
+    escalate_after_reboots: int | None
+
+
+class CodeTable:
+    """Layers of code rules, most specific last; lookups merge field by field."""
+
+    def __init__(self, layers: list[Mapping[str, CodeRule]]):
+        self._layers = layers
+
+    def rules_for(self, code: str) -> list[CodeRule]:
+        """Every rule that applies to `code`, weakest first (wildcards before exact, layer order)."""
+        out: list[CodeRule] = []
+        for layer in self._layers:
+            wild = sorted((k for k in layer if k.endswith("*") and code.startswith(k[:-1])), key=len)
+            out += [layer[k] for k in wild]
+            if code in layer:
+                out.append(layer[code])
+        return out
+
+    def resolve(self, code: str, *, hint_severity: Severity | None, hint_action: Action | None,
+                default_clear_after: float, default_escalate: int) -> Meaning:
+        merged: dict[str, Any] = {}
+        for rule in self.rules_for(code):
+            merged.update({k: v for k in type(rule).model_fields if (v := getattr(rule, k)) is not None})
+        # A table entry that names the severity wins over the check's hint (e.g. an SXid's "Fatal").
+        severity = merged.get("severity", hint_severity or Severity.WARNING)
+        action = merged.get("action", hint_action or Action.NONE)
+        escalate = merged.get("escalate_after_reboots")
+        if escalate is None and action in (Action.REBOOT, Action.RESET_GPU):
+            escalate = default_escalate
+        return Meaning(
+            severity=severity,
+            action=action,
+            sticky=merged.get("sticky", False),
+            tolerate=merged.get("tolerate"),
+            clear_after=merged.get("clear_after", default_clear_after),
+            escalate_after_reboots=escalate,
+        )

@@ -1,0 +1,201 @@
+"""robustd.yaml: validated with pydantic, errors reported with key path and line number.
+
+The key names here are a public contract (operators and tools write them); extend, never rename.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from robustd.check import CheckConfig
+from robustd.codes import CodeRule
+from robustd.durations import Duration
+from robustd.roots import (
+    DEFAULT_BOOT_ID,
+    DEFAULT_DEV,
+    DEFAULT_PROC,
+    DEFAULT_SOCKET,
+    DEFAULT_STATE_DIR,
+    DEFAULT_SYS,
+    Roots,
+)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ListenConfig(Strict):
+    unix: str = DEFAULT_SOCKET
+    tcp: str | None = None  # host:port; plaintext for now (TLS arrives with the security work)
+
+
+class MetricsConfig(Strict):
+    address: str | None = None  # host:port for the Prometheus endpoint; unset = off
+
+
+class RetentionConfig(Strict):
+    max_age: Duration = 30 * 86400.0
+    max_events: int = Field(default=100_000, gt=0)
+
+
+class PolicyConfig(Strict):
+    clear_after: Duration = 300.0  # hold-down: a non-sticky condition clears this long after its last sighting
+    update_interval: Duration = 1.0  # at most one UPDATED event per condition per interval for repeats
+    escalate_after_reboots: int = Field(default=2, ge=1)
+    codes: dict[str, CodeRule] = Field(default_factory=dict)
+
+
+class RootsConfig(Strict):
+    proc: str = DEFAULT_PROC
+    sys: str = DEFAULT_SYS
+    dev: str = DEFAULT_DEV
+
+
+class Config(Strict):
+    node_name: str = Field(default_factory=socket.gethostname, min_length=1)
+    state_dir: str = DEFAULT_STATE_DIR
+    boot_id_path: str = DEFAULT_BOOT_ID
+    log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error)$")
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    roots: RootsConfig = Field(default_factory=RootsConfig)
+    checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, data: Any) -> Any:
+        """`metrics:` with only comments under it means the defaults, not an error."""
+        if isinstance(data, dict):
+            sections = ("listen", "metrics", "retention", "policy", "roots", "checks")
+            return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
+        return data
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated config: the top level plus each known check's own section."""
+
+    config: Config
+    checks: Mapping[str, CheckConfig]
+    source: str
+
+    def roots(self) -> Roots:
+        kmsg = getattr(self.checks.get("kernel"), "kmsg_path", None)
+        r = self.config.roots
+        return Roots(proc=r.proc, sys=r.sys, dev=r.dev, boot_id=self.config.boot_id_path,
+                     **({"kmsg": kmsg} if kmsg else {}))
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `str()` lists every problem as `file:line: key: message`."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_config(path: str, check_types: Mapping[str, type[CheckConfig]],
+                overrides: Mapping[str, Any] | None = None) -> Settings:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read config: {e.strerror}"]) from e
+    return parse_config(text, path, check_types, overrides)
+
+
+def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckConfig]],
+                 overrides: Mapping[str, Any] | None = None) -> Settings:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise ConfigError([f"{where}: malformed YAML: {getattr(e, 'problem', None) or e}"]) from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}:1: the config must be a mapping of keys, got {type(data).__name__}"])
+    for key, value in (overrides or {}).items():
+        _set_path(data, key.split("."), value)
+
+    problems: list[str] = []
+    config = None
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as e:
+        problems += _describe(e, (), root, source)
+
+    checks: dict[str, CheckConfig] = {}
+    raw_checks = data.get("checks") or {}
+    if isinstance(raw_checks, dict):
+        for name in raw_checks:
+            if name not in check_types:
+                known = ", ".join(sorted(check_types)) or "none"
+                problems.append(f"{_where(root, ('checks', name), source)}: checks.{name}: unknown check "
+                                f"(known: {known})")
+        for name, model in check_types.items():
+            section = raw_checks.get(name)
+            try:
+                checks[name] = model.model_validate(section if section is not None else {})
+            except ValidationError as e:
+                problems += _describe(e, ("checks", name), root, source)
+    if problems or config is None:
+        raise ConfigError(problems)
+    return Settings(config=config, checks=checks, source=source)
+
+
+def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        data = data.setdefault(key, {})
+    data[path[-1]] = value
+
+
+def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | None, source: str) -> list[str]:
+    out = []
+    for item in err.errors():
+        loc = prefix + tuple(item["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif item["type"] == "missing":
+            msg = "required key is missing"
+        else:
+            msg = item["msg"].removeprefix("Value error, ")
+            if "input" in item and not isinstance(item["input"], (dict, list)):
+                msg += f" (got {item['input']!r})"
+        out.append(f"{_where(root, loc, source)}: {key}: {msg}")
+    return out
+
+
+def _where(root: yaml.Node | None, loc: tuple[Any, ...], source: str) -> str:
+    """`file:line` of the deepest node on `loc` (the key itself for a key that is there)."""
+    line = 1
+    node = root
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == str(part):
+                    line = k.start_mark.line + 1
+                    node = v
+                    break
+            else:
+                break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    else:
+        if node is not None and not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+            line = node.start_mark.line + 1
+    return f"{source}:{line}"
