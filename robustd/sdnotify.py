@@ -1,0 +1,70 @@
+"""systemd glue: sd_notify (READY, WATCHDOG, STATUS, STOPPING) and journald logging.
+
+Uses libsystemd through systemd-python, so NOTIFY_SOCKET (path or abstract) and the
+watchdog variables behave exactly as systemd documents them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger("robustd.systemd")
+
+
+class Notifier:
+    def __init__(self) -> None:
+        self.enabled = bool(os.environ.get("NOTIFY_SOCKET"))
+        self.watchdog_interval = _watchdog_interval()
+
+    def send(self, state: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            from systemd import daemon
+
+            daemon.notify(state)
+        except Exception as e:  # noqa: BLE001 - notification failures must not stop the daemon
+            log.warning("sd_notify(%s) failed: %s", state.split("=")[0], e)
+
+    def ready(self, status: str) -> None:
+        self.send(f"READY=1\nSTATUS={status}")
+
+    def status(self, status: str) -> None:
+        self.send(f"STATUS={status}")
+
+    def watchdog(self) -> None:
+        self.send("WATCHDOG=1")
+
+    def stopping(self) -> None:
+        self.send("STOPPING=1")
+
+
+def _watchdog_interval() -> float | None:
+    """Half of WATCHDOG_USEC (as sd_watchdog_enabled advises), or None when no watchdog is set."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    pid = os.environ.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return int(usec) / 2e6
+    except ValueError:
+        return None
+
+
+def setup_logging(level: str) -> None:
+    """journald (with structured fields) under systemd, plain stderr otherwise."""
+    root = logging.getLogger()
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    handler: logging.Handler
+    if os.environ.get("JOURNAL_STREAM") and os.environ.get("INVOCATION_ID"):
+        from systemd.journal import JournalHandler
+
+        handler = JournalHandler(SYSLOG_IDENTIFIER="robustd")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
