@@ -1,0 +1,50 @@
+# The two commands: `make run` and `make test`. Both bootstrap .venv from the pinned requirements.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv
+
+.PHONY: run test lint proto bench deps clean
+
+# Debian packages robustd's build and tests need; installed only when run as root and missing.
+deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi; \
+	fi
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml | deps
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+run: $(STAMP)
+	@mkdir -p run var
+	@echo "robustd (dev config etc/robustd.dev.yaml): socket ./run/robustd.sock, state ./var/"
+	@echo "In another shell:  export ROBUSTD_SOCKET=$$PWD/run/robustd.sock; $(VENV)/bin/robustctl status"
+	@echo "Inject a fault:    echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.' | sudo tee /dev/kmsg"
+	exec $(VENV)/bin/robustd --config etc/robustd.dev.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+proto: $(STAMP)
+	PYTHON=$(PY) scripts/gen-proto.sh
+
+bench: $(STAMP)
+	$(PY) bench/detect_kmsg.py
+	$(PY) bench/overhead.py
+	$(PY) bench/api_load.py
+
+clean:
+	rm -rf $(VENV) run var build dist *.egg-info

@@ -1,0 +1,210 @@
+"""Shared fixtures: a real robustd daemon in a child process, reached over its real Unix socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import pytest
+import yaml
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+REAL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+KMSG = "/dev/kmsg"
+
+
+def need_root(what: str) -> None:
+    """Tests that need root fail under CI=true (CI runs as root) and skip elsewhere."""
+    if os.geteuid() == 0:
+        return
+    if IN_CI:
+        pytest.fail(f"needs root for {what}, and CI=true: CI must run as root")
+    pytest.skip(f"needs root for {what}")
+
+
+def inject_kmsg(*lines: str) -> None:
+    """Write lines into the real kernel log, as operators and fault injectors do."""
+    need_root("writing /dev/kmsg")
+    for line in lines:
+        fd = os.open(KMSG, os.O_WRONLY)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
+class Daemon:
+    """One robustd process with its own config, socket, state dir and (fake) boot id file."""
+
+    def __init__(self, root: Path, config: dict[str, Any], env: dict[str, str] | None = None):
+        self.root = root
+        self.socket = str(root / "robustd.sock")
+        self.state_dir = str(root / "state")
+        self.boot_id_file = root / "boot_id"
+        self.config_path = root / "robustd.yaml"
+        self.log_path = root / "robustd.log"
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        if not self.boot_id_file.exists():
+            self.boot_id_file.write_text(Path(REAL_BOOT_ID).read_text())
+        base: dict[str, Any] = {
+            "node_name": "test-node",
+            "state_dir": self.state_dir,
+            "boot_id_path": str(self.boot_id_file),
+            "listen": {"unix": self.socket},
+            "checks": {"kernel": {"lookback": "0s"}},
+        }
+        self.config = _merge(base, config)
+        self.write_config()
+
+    def write_config(self, config: dict[str, Any] | None = None) -> None:
+        if config is not None:
+            self.config = _merge(self.config, config)
+        self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def command(self, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "robustd.daemon", "--config", str(self.config_path), *extra]
+
+    def start(self, *extra: str, wait: bool = True, timeout: float = 20.0) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        if "NOTIFY_SOCKET" not in self.env:
+            env.pop("NOTIFY_SOCKET", None)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - held for the child's lifetime
+        self.proc = subprocess.Popen(self.command(*extra), stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=REPO)
+        if wait:
+            self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"robustd exited with {self.proc.returncode}:\n{self.log()}")
+            if os.path.exists(self.socket):
+                try:
+                    with self.channel() as ch:
+                        pb_grpc.NodeHealthStub(ch).GetVerdict(pb.GetVerdictRequest(), timeout=2)
+                    return
+                except grpc.RpcError:
+                    pass
+            time.sleep(0.05)
+        raise AssertionError(f"robustd did not answer within {timeout}s:\n{self.log()}")
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix://{self.socket}")
+
+    def stub(self) -> pb_grpc.NodeHealthStub:
+        """A stub on a fresh channel; the channel closes with the test's garbage."""
+        return pb_grpc.NodeHealthStub(self.channel())
+
+    def verdict(self) -> pb.Verdict:
+        with self.channel() as ch:
+            return pb_grpc.NodeHealthStub(ch).GetVerdict(pb.GetVerdictRequest(), timeout=5)
+
+    def wait_for(self, predicate: Any, timeout: float = 5.0) -> pb.Verdict:
+        """Poll GetVerdict until predicate(verdict) is true."""
+        deadline = time.monotonic() + timeout
+        v = self.verdict()
+        while not predicate(v):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met within {timeout}s; verdict:\n{v}\nlog:\n{self.log()}")
+            time.sleep(0.02)
+            v = self.verdict()
+        return v
+
+    def robustctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "--socket", self.socket, *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup runs, as in a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+    def restart(self, *extra: str) -> None:
+        self.stop()
+        self.start(*extra)
+
+    def reboot(self) -> None:
+        """Pretend the host rebooted: a new boot id for the next start."""
+        import uuid
+
+        self.boot_id_file.write_text(str(uuid.uuid4()) + "\n")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short temp dir: Unix socket paths must stay under 108 bytes."""
+    d = Path(tempfile.mkdtemp(prefix="rd-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def make_daemon(short_tmp: Path) -> Iterator[Any]:
+    """Factory: make_daemon(config_overrides, env=...) -> Daemon (not started). Stops all at teardown."""
+    made: list[Daemon] = []
+
+    def factory(config: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                name: str = "d") -> Daemon:
+        root = short_tmp / f"{name}{len(made)}"
+        root.mkdir()
+        d = Daemon(root, config or {}, env)
+        made.append(d)
+        return d
+
+    yield factory
+    for d in made:
+        d.stop()
+
+
+@pytest.fixture
+def daemon(make_daemon: Any) -> Daemon:
+    """A started daemon with the default checks (the kernel check on the real /dev/kmsg)."""
+    need_root("reading /dev/kmsg")
+    d = make_daemon()
+    d.start()
+    return d

@@ -1,0 +1,46 @@
+"""Third-party checks for the tests, loaded by the daemon through the `robustd.checks` entry points.
+
+They misbehave on purpose: one hangs forever in poll, one raises; `tick` is a healthy poller
+whose run count shows that the others do not stall the schedule.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Sequence
+
+from robustd.check import Check, CheckConfig, CheckContext
+from robustd.model import Finding, FindingKind
+
+
+class HangCheck(Check):
+    name = "hang"
+
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        threading.Event().wait()  # like an NVML call on a GPU that fell off the bus
+        return []
+
+
+class BoomCheck(Check):
+    name = "boom"
+
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        raise OSError(5, "Input/output error reading the sensor")
+
+
+class TickConfig(CheckConfig):
+    flag_file: str = ""  # while this file exists, report a TICK_FLAG state finding
+
+
+class TickCheck(Check):
+    name = "tick"
+    Config = TickConfig
+
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        cfg = ctx.config
+        assert isinstance(cfg, TickConfig)
+        if cfg.flag_file and os.path.exists(cfg.flag_file):
+            return [Finding(component="host", code="TICK_FLAG", message="flag file present",
+                            kind=FindingKind.STATE)]
+        return []

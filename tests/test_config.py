@@ -1,0 +1,72 @@
+"""Config: bad input names the key and the line and exits 1; the shipped configs are valid."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from robustd import __version__
+from robustd.durations import format_duration, parse_duration
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "robustd.daemon", "--check-config", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+@pytest.mark.parametrize("text, key, line, words", [
+    ("node_name: a\nlisten:\n  unix: /tmp/x.sock\n  bogus: 1\n", "listen.bogus", 4, "unknown key"),
+    ("retention:\n  max_age: 1d\n  max_events: many\n", "retention.max_events", 3, "integer"),
+    ("checks:\n  kernel:\n    enabled: true\n    interval: -1s\n", "checks.kernel.interval", 4, "negative"),
+    ("checks:\n  kernel:\n    interval: 0s\n", "checks.kernel.interval", 3, "greater than zero"),
+    ("checks:\n  kernel:\n    lookback: 5\n", "checks.kernel.lookback", 3, "no unit"),
+    ("policy:\n  codes:\n    XID_13: {severity: SEVERE}\n", "policy.codes.XID_13.severity", 3, "must be one of"),
+    ("checks:\n  kernl: {}\n", "checks.kernl", 2, "unknown check"),
+    ("listen:\n  unix: [unclosed\n", "", 3, "malformed YAML"),
+    ("- just\n- a list\n", "", 1, "mapping"),
+])
+def test_bad_config_names_key_and_line(tmp_path: Path, text: str, key: str, line: int, words: str) -> None:
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text(text)
+    r = check_config(cfg)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{cfg}:{line}:" in r.stderr, r.stderr
+    assert key in r.stderr and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    r = check_config(tmp_path / "nope.yaml")
+    assert r.returncode == 1
+    assert "cannot read config" in r.stderr and "No such file" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["robustd.yaml", "robustd.dev.yaml"])
+def test_shipped_configs_are_valid(name: str) -> None:
+    r = check_config(REPO / "etc" / name)
+    assert r.returncode == 0, r.stderr
+    assert "config OK" in r.stdout
+
+
+def test_version() -> None:
+    r = subprocess.run([sys.executable, "-m", "robustd.daemon", "--version"], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)
+    assert r.returncode == 0 and r.stdout.strip() == f"robustd {__version__}"
+
+
+@pytest.mark.parametrize("text, seconds", [("500ms", 0.5), ("1s", 1), ("5m", 300), ("2h", 7200), ("30d", 2592000),
+                                           ("1m30s", 90), ("0s", 0)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5", "5 minutes", "-1s", "1x", "s"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)

@@ -1,0 +1,39 @@
+"""Rules the code keeps, checked mechanically."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CODE = [p for d in ("robustd", "checks") for p in (REPO / d).rglob("*.py") if "_pb2" not in p.name]
+
+
+def _string_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_outside_paths_are_spelled_only_in_roots() -> None:
+    """One root for every outside path: tests must be able to point each one at a fixture."""
+    bad = []
+    for path in CODE:
+        if path.name == "roots.py":
+            continue
+        for line, text in _string_literals(ast.parse(path.read_text())):
+            if any(text.startswith(p) for p in ("/proc", "/sys", "/dev")):
+                bad.append(f"{path.relative_to(REPO)}:{line}: {text!r}")
+    assert not bad, "literal host paths outside robustd/roots.py:\n" + "\n".join(bad)
+
+
+def test_daemon_never_imports_torch() -> None:
+    bad = []
+    for path in CODE:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(REPO)}:{node.lineno}" for n in names if n.split(".")[0] == "torch"]
+    assert not bad, bad
