@@ -75,24 +75,32 @@ class CodeTable:
     def __init__(self, layers: list[Mapping[str, CodeRule]]):
         self._layers = layers
 
-    def rules_for(self, code: str) -> list[CodeRule]:
-        """Every rule that applies to `code`, weakest first (wildcards before exact, layer order)."""
-        out: list[CodeRule] = []
+    def rules_for(self, code: str) -> tuple[list[CodeRule], list[CodeRule]]:
+        """(wildcard rules, exact rules) that apply to `code`, each weakest first."""
+        wild: list[CodeRule] = []
+        exact: list[CodeRule] = []
         for layer in self._layers:
-            wild = sorted((k for k in layer if k.endswith("*") and code.startswith(k[:-1])), key=len)
-            out += [layer[k] for k in wild]
+            keys = sorted((k for k in layer if k.endswith("*") and code.startswith(k[:-1])), key=len)
+            wild += [layer[k] for k in keys]
             if code in layer:
-                out.append(layer[code])
-        return out
+                exact.append(layer[code])
+        return wild, exact
 
     def resolve(self, code: str, *, hint_severity: Severity | None, hint_action: Action | None,
                 default_clear_after: float, default_escalate: int) -> Meaning:
+        """Exact entries beat the check's hint (e.g. an SXid's "Fatal"), the hint beats a wildcard."""
+        wild, exact = self.rules_for(code)
         merged: dict[str, Any] = {}
-        for rule in self.rules_for(code):
-            merged.update({k: v for k in type(rule).model_fields if (v := getattr(rule, k)) is not None})
-        # A table entry that names the severity wins over the check's hint (e.g. an SXid's "Fatal").
-        severity = merged.get("severity", hint_severity or Severity.WARNING)
-        action = merged.get("action", hint_action or Action.NONE)
+        for rule in wild:
+            merged.update(_set_fields(rule))
+        if hint_severity is not None:
+            merged["severity"] = hint_severity
+        if hint_action is not None:
+            merged["action"] = hint_action
+        for rule in exact:
+            merged.update(_set_fields(rule))
+        severity = merged.get("severity", Severity.WARNING)
+        action = merged.get("action", Action.NONE)
         escalate = merged.get("escalate_after_reboots")
         if escalate is None and action in (Action.REBOOT, Action.RESET_GPU):
             escalate = default_escalate
@@ -104,3 +112,7 @@ class CodeTable:
             clear_after=merged.get("clear_after", default_clear_after),
             escalate_after_reboots=escalate,
         )
+
+
+def _set_fields(rule: CodeRule) -> dict[str, Any]:
+    return {k: v for k in type(rule).model_fields if (v := getattr(rule, k)) is not None}

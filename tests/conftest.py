@@ -40,7 +40,8 @@ def inject_kmsg(*lines: str) -> None:
     for line in lines:
         fd = os.open(KMSG, os.O_WRONLY)
         try:
-            os.write(fd, line.encode())
+            # A record is read back only once its newline is written (seen on 6.18).
+            os.write(fd, (line if line.endswith("\n") else line + "\n").encode())
         finally:
             os.close(fd)
 
@@ -81,6 +82,8 @@ class Daemon:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         if "NOTIFY_SOCKET" not in self.env:
             env.pop("NOTIFY_SOCKET", None)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held for the child's lifetime
         self.proc = subprocess.Popen(self.command(*extra), stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, cwd=REPO)
@@ -148,7 +151,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        self._log.close()
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
         return self.proc.returncode
 
     def restart(self, *extra: str) -> None:

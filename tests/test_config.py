@@ -70,3 +70,13 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_bad_extra_rule_file_is_a_config_error(tmp_path: Path) -> None:
+    rules = tmp_path / "site.yaml"
+    rules.write_text("rules:\n  - code: SITE_FAN\n    pattern: 'fan (?P<n>\\d+ failed'\n")
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text(f"checks:\n  kernel:\n    rules: [{rules}]\n")
+    r = check_config(cfg)
+    assert r.returncode == 1
+    assert f"{cfg}:3: checks.kernel.rules" in r.stderr and "SITE_FAN" in r.stderr, r.stderr

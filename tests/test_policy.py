@@ -14,6 +14,7 @@ TABLE = {
     "NIC_DOWN": CodeRule(severity="CRITICAL", action="HW_INSPECT", tolerate=Tolerate(count=3, window="30s"),
                          clear_after="5s"),
     "SXID_*": CodeRule(action="HW_INSPECT"),
+    "XID_*": CodeRule(severity="WARNING", action="HW_INSPECT"),
     "SXID_12028": CodeRule(severity="WARNING"),
 }
 GPU = "gpu/0000:3b:00.0"
@@ -160,3 +161,13 @@ def test_code_table_layers_wildcards_and_hints() -> None:
     over = Policy(CodeTable([TABLE, {"XID_13": CodeRule(severity="CRITICAL")}]), "boot-a")
     [c] = over.apply([f("XID_13")], "kernel", now=0.0)
     assert (c.condition.severity, c.condition.action) == (Severity.CRITICAL, Action.RESTART_JOB)
+
+
+def test_hint_beats_wildcard_but_not_exact_entry() -> None:
+    # Xid 154 carries its own recovery action in the line; the unknown-Xid wildcard must not hide it.
+    [ev] = policy().apply([f("XID_154", severity=Severity.CRITICAL, action=Action.REBOOT)], "kernel", now=0.0)
+    assert (ev.condition.severity, ev.condition.action) == (Severity.CRITICAL, Action.REBOOT)
+    [ev] = policy().apply([f("XID_999")], "kernel", now=0.0)
+    assert (ev.condition.severity, ev.condition.action) == (Severity.WARNING, Action.HW_INSPECT)
+    [ev] = policy().apply([f("XID_13", severity=Severity.CRITICAL)], "kernel", now=0.0)
+    assert ev.condition.severity is Severity.WARNING
