@@ -56,7 +56,7 @@ class BenchDaemon:
 def kmsg_write(line: str) -> None:
     fd = os.open("/dev/kmsg", os.O_WRONLY)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, (line.rstrip("\n") + "\n").encode())  # a record is readable once its newline is in
     finally:
         os.close(fd)
 
