@@ -340,3 +340,23 @@ def test_daemon_refuses_bad_config_at_start(make_daemon: Any) -> None:
     d.start(wait=False)
     assert d.proc is not None and d.proc.wait(30) == 1
     assert "retention.max_age" in d.log() and "invalid duration" in d.log()
+
+
+def test_prometheus_metrics_show_conditions_severity_and_checks(make_daemon: Any) -> None:
+    import socket as so
+    import urllib.request
+
+    need_root("writing /dev/kmsg")
+    with so.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = make_daemon({"metrics": {"address": f"127.0.0.1:{port}"}})
+    d.start()
+    addr = bdf()
+    inject_kmsg(xid(addr, 79, "GPU has fallen off the bus."))
+    d.wait_for(lambda v: v.severity == pb.SEVERITY_CRITICAL)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'robustd_node_severity{node="test-node"} 2.0' in text
+    assert f'robustd_condition{{action="REBOOT",code="XID_79",component="gpu/{addr}.0",sticky="true"}} 2.0' in text
+    assert 'robustd_check_runs_total{check="kernel"}' in text
+    assert "robustd_events_total 1.0" in text
