@@ -45,6 +45,7 @@ class Watcher:
         self.channel = d.channel()
         self.call = pb_grpc.NodeHealthStub(self.channel).Watch(pb.WatchRequest(from_seq=from_seq))
         self.events: queue.Queue[pb.Event | Exception] = queue.Queue()
+        self.head = dict(self.call.initial_metadata()).get("robustd-head-seq")  # the stream is registered
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 

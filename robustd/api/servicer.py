@@ -36,6 +36,8 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         store = self.engine.store
         sub = self.engine.hub.subscribe()  # before reading the log: nothing falls between the two
         try:
+            # Headers go out at once, so a client knows its stream is registered before any event.
+            await context.send_initial_metadata((("robustd-head-seq", str(store.head_seq())),))
             last = request.from_seq
             if last == 0:
                 conds, head = self.engine.snapshot()

@@ -71,7 +71,9 @@ class NodeHealthServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Initial metadata `robustd-head-seq` (the newest seq) is sent as soon as the stream is
+        registered: events committed after that moment are on this stream.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
