@@ -1,0 +1,165 @@
+"""Turn API messages into text: human tables and JSON.
+
+Pure functions of protobuf messages plus an explicit `now` and `width`, so every layout is testable
+without a daemon, a clock or a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.durations import format_duration
+
+DEFAULT_WIDTH = 80
+_MIN_MESSAGE = 20  # a message column narrower than this is useless; let the line overflow instead
+_ELLIPSIS = "..."
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    """ProtoJSON with proto field names, enum names, RFC 3339 times, and integers that jq can compare."""
+    return json_format.MessageToDict(msg, always_print_fields_with_no_presence=True,
+                                     preserving_proto_field_name=True, unquote_int64_if_possible=True)
+
+
+def to_json(msg: Message, indent: int | None = 2) -> str:
+    """One message as JSON text; `indent=None` gives the one-line form `watch --json` streams."""
+    return json.dumps(to_dict(msg), indent=indent, sort_keys=False)
+
+
+def short_enum(enum_type: Any, value: int) -> str:
+    """`SEVERITY_CRITICAL` -> `CRITICAL`: the prefix is noise in a table."""
+    try:
+        name: str = enum_type.Name(value)
+    except ValueError:
+        return str(value)
+    prefix = enum_type.DESCRIPTOR.values[0].name.removesuffix("UNSPECIFIED")
+    return name.removeprefix(prefix)
+
+
+def severity_name(value: int) -> str:
+    return short_enum(pb.Severity, value)
+
+
+def action_name(value: int) -> str:
+    return short_enum(pb.Action, value)
+
+
+def kind_name(value: int) -> str:
+    return short_enum(pb.EventKind, value)
+
+
+def relative(ts: Timestamp, now: float) -> str:
+    """`3s ago`, `5m ago`: what an operator reads at a glance; `never` for an unset time."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "never"
+    delta = now - ts.ToNanoseconds() / 1e9
+    ahead = delta < -1.0  # clock skew between client and daemon; say so rather than lie
+    secs = int(abs(delta))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            text = f"{secs // size}{unit}"
+            break
+    else:
+        text = f"{secs}s"
+    return f"in {text}" if ahead else f"{text} ago"
+
+
+def local_time(ts: Timestamp) -> str:
+    """Local wall-clock time to the millisecond, for event lines."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "-"
+    dt = datetime.fromtimestamp(ts.ToNanoseconds() / 1e9)
+    return dt.strftime("%Y-%m-%d %H:%M:%S.") + f"{dt.microsecond // 1000:03d}"
+
+
+def duration(d: Duration) -> str:
+    if d.seconds == 0 and d.nanos == 0:
+        return "-"
+    return format_duration(round(d.ToNanoseconds() / 1e9, 6))
+
+
+def truncate(text: str, width: int) -> str:
+    """One line of at most `width` characters; newlines in messages would break the table."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    if width <= len(_ELLIPSIS):
+        return text[:width]
+    return text[: width - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int = DEFAULT_WIDTH) -> str:
+    """Left-aligned columns; the last column is cut so each line fits `width` when it can."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row[:-1]):
+            widths[i] = max(widths[i], len(cell))
+    fixed = sum(widths[:-1]) + 2 * (len(headers) - 1)
+    last_width = max(width - fixed, _MIN_MESSAGE)
+    lines = []
+    for row in [list(headers), *rows]:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        cells.append(truncate(row[-1], last_width))
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def verdict_summary(v: pb.Verdict) -> str:
+    """The one line a person or a log grep needs: node, severity, action, how many, where in the log."""
+    sev = severity_name(v.severity)
+    action = "" if v.action in (pb.ACTION_NONE, pb.ACTION_UNSPECIFIED) else f" (action {action_name(v.action)})"
+    return f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"
+
+
+def verdict_text(v: pb.Verdict, now: float, width: int = DEFAULT_WIDTH) -> str:
+    """Summary line, then the conditions worst first."""
+    out = verdict_summary(v)
+    if not v.conditions:
+        return out
+    conds = sorted(v.conditions, key=lambda c: (-c.severity, c.component, c.code))
+    rows = [[severity_name(c.severity), c.component, c.code, action_name(c.action), str(c.count),
+             relative(c.last_seen, now), "sticky" if c.sticky else "", c.message] for c in conds]
+    headers = ["SEVERITY", "COMPONENT", "CODE", "ACTION", "COUNT", "LAST SEEN", "STICKY", "MESSAGE"]
+    return out + "\n" + table(headers, rows, width)
+
+
+def event_line(e: pb.Event) -> str:
+    """One event per line for `watch` and `ack`: time, seq, kind, severity, component, code, message."""
+    c = e.condition
+    mark = " [snapshot]" if e.snapshot else ""
+    text = " ".join(c.message.split())
+    return (f"{local_time(e.at)}  seq {e.seq}  {kind_name(e.kind)}{mark}  {severity_name(c.severity)}  "
+            f"{c.component}  {c.code}  {text}").rstrip()
+
+
+def events_text(resp: pb.ListEventsResponse, width: int = DEFAULT_WIDTH) -> str:
+    if not resp.events:
+        return "no events"
+    rows = [[local_time(e.at), str(e.seq), kind_name(e.kind), severity_name(e.condition.severity),
+             e.condition.component, e.condition.code, e.condition.message] for e in resp.events]
+    headers = ["TIME", "SEQ", "KIND", "SEVERITY", "COMPONENT", "CODE", "MESSAGE"]
+    return table(headers, rows, width)
+
+
+def checks_text(resp: pb.ListChecksResponse, now: float, width: int = DEFAULT_WIDTH) -> str:
+    if not resp.checks:
+        return "no checks"
+    rows = [[c.name, "yes" if c.enabled else "no", c.mode or "-", duration(c.interval),
+             short_enum(pb.CheckStatus, c.status), relative(c.last_run, now), duration(c.last_duration),
+             str(c.runs), str(c.failures), c.last_error] for c in resp.checks]
+    headers = ["NAME", "ENABLED", "MODE", "INTERVAL", "STATUS", "LAST RUN", "LAST DURATION", "RUNS", "FAILURES",
+               "LAST ERROR"]
+    return table(headers, rows, width)

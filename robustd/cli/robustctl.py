@@ -1,0 +1,286 @@
+"""robustctl: ask a robustd daemon what it thinks of this node.
+
+Exit codes are a contract scripts rely on: 0/1/2 mirror OK/WARNING/CRITICAL for `status`, 3 means
+the daemon could not be reached, 4 any other RPC error, 64 a usage error (argparse's usual 2 would
+read as CRITICAL). Errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import grpc
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.cli import render
+from robustd.durations import format_duration, parse_duration
+from robustd.roots import DEFAULT_SOCKET
+
+EXIT_UNREACHABLE = 3
+EXIT_RPC = 4
+EXIT_USAGE = 64
+_SEVERITY_EXIT = {pb.SEVERITY_WARNING: 1, pb.SEVERITY_CRITICAL: 2}
+# A broken Watch with one of these codes is worth resuming; anything else is the server's answer.
+_RESUMABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
+              grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
+_BACKOFF_MAX = 5.0
+
+
+class CliError(Exception):
+    """A failure with its exit code and the one line to print."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_duration(text: str) -> float:
+    value = _duration(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"timeout {text!r} must be more than zero")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
+    return value
+
+
+def _severity(text: str) -> int:
+    name = "SEVERITY_" + text.strip().upper().removeprefix("SEVERITY_")
+    try:
+        value = int(pb.Severity.Value(name))
+    except ValueError:
+        value = 0
+    if value == pb.SEVERITY_UNSPECIFIED:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of ok, warning, critical")
+    return value
+
+
+def _add_globals(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """Global options, accepted before and after the verb; after it they must not reset earlier ones."""
+    d: Callable[[Any], Any] = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
+    p.add_argument("--socket", default=d(None), metavar="PATH",
+                   help=f"daemon's Unix socket (default: $ROBUSTD_SOCKET or {DEFAULT_SOCKET})")
+    p.add_argument("--address", default=d(None), metavar="HOST:PORT", help="daemon's TCP address instead")
+    p.add_argument("--timeout", type=_positive_duration, default=d(5.0), metavar="DURATION",
+                   help="deadline for each request (default 5s)")
+    p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of tables")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="robustctl", description="Query the robustd node health daemon.",
+                     epilog="exit codes: 0 OK, 1 WARNING, 2 CRITICAL (status; others 0 on success), "
+                            "3 daemon unreachable, 4 other RPC error, 64 usage error")
+    _add_globals(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_globals(p, defaults=False)
+        return p
+
+    verb("status", "the node's verdict; exit 0 OK, 1 WARNING, 2 CRITICAL")
+    w = verb("watch", "stream condition changes as they happen")
+    w.add_argument("--from-seq", type=_non_negative, default=0, metavar="N",
+                   help="resume after event N (default: a snapshot, then live events)")
+    e = verb("events", "list past events")
+    e.add_argument("--since", type=_duration, metavar="DURATION", help="only events newer than now minus this")
+    e.add_argument("--component", default="", help="exact component, or a prefix ending in / (gpu/)")
+    e.add_argument("--min-severity", type=_severity, default=0, metavar="{ok,warning,critical}")
+    e.add_argument("--limit", type=_non_negative, default=0, metavar="N", help="newest N matches (default 100)")
+    verb("checks", "the checks and how their last runs went")
+    a = verb("ack", "acknowledge (clear) a condition, e.g. a sticky fault after repair")
+    a.add_argument("component")
+    a.add_argument("code")
+    a.add_argument("--reason", default="", help="why, for the event log")
+    return parser
+
+
+class Client:
+    """One daemon address; opens channels and turns gRPC failures into CliErrors."""
+
+    def __init__(self, socket: str | None, address: str | None, timeout: float):
+        self.socket = os.path.abspath(socket) if socket else None
+        self.target = address if address else f"unix://{self.socket}"
+        self.timeout = timeout
+
+    def open(self) -> grpc.Channel:
+        if self.socket is not None and not os.path.exists(self.socket):
+            raise self.unreachable(os.strerror(2))  # ENOENT: say it plainly, do not wait out the deadline
+        # A local subchannel pool: a reconnect must not inherit the old connection's backoff.
+        return grpc.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+    def unreachable(self, reason: str) -> CliError:
+        return CliError(EXIT_UNREACHABLE, f"cannot reach robustd at {self.target}: {reason}")
+
+    def error(self, err: grpc.RpcError, channel: grpc.Channel | None) -> CliError:
+        code, details = err.code(), err.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.DEADLINE_EXCEEDED and not _ready(channel)):
+            # "failed to connect to all addresses; last error: UNKNOWN: unix:/x: Connection refused"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return self.unreachable(f"no connection within {format_duration(self.timeout)}")
+            reason = details.rsplit(": ", 1)[-1] if "last error" in details else details
+            return self.unreachable(reason or code.name)
+        return CliError(EXIT_RPC, f"{code.name}: {details}" if details else code.name)
+
+    def call(self, method: str, request: Any) -> Any:
+        channel = self.open()
+        try:
+            return getattr(pb_grpc.NodeHealthStub(channel), method)(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise self.error(err, channel) from None
+        finally:
+            channel.close()
+
+
+def _ready(channel: grpc.Channel | None) -> bool:
+    """Whether the channel got connected: a deadline before that means unreachable, after it a stuck daemon.
+
+    Asked of the core channel directly; the public subscribe() races close() and prints a traceback.
+    """
+    try:
+        state = channel._channel.check_connectivity_state(False)  # type: ignore[attr-defined]
+    except Exception:
+        return False
+    return bool(state == grpc.ChannelConnectivity.READY.value[0])
+
+
+def _width() -> int:
+    return shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns
+
+
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    v: pb.Verdict = client.call("GetVerdict", pb.GetVerdictRequest())
+    if args.json:
+        _print(render.to_json(v))
+    else:
+        now = v.at.ToNanoseconds() / 1e9 if v.HasField("at") else time.time()
+        _print(render.verdict_text(v, now, _width()))
+    return _SEVERITY_EXIT.get(v.severity, 0)
+
+
+def cmd_events(client: Client, args: argparse.Namespace) -> int:
+    req = pb.ListEventsRequest(component=args.component, min_severity=args.min_severity, limit=args.limit)
+    if args.since is not None:
+        req.since.FromNanoseconds(int((time.time() - args.since) * 1e9))
+    resp: pb.ListEventsResponse = client.call("ListEvents", req)
+    _print(render.to_json(resp) if args.json else render.events_text(resp, _width()))
+    return 0
+
+
+def cmd_checks(client: Client, args: argparse.Namespace) -> int:
+    resp: pb.ListChecksResponse = client.call("ListChecks", pb.ListChecksRequest())
+    _print(render.to_json(resp) if args.json else render.checks_text(resp, time.time(), _width()))
+    return 0
+
+
+def cmd_ack(client: Client, args: argparse.Namespace) -> int:
+    req = pb.AcknowledgeRequest(component=args.component, code=args.code, reason=args.reason)
+    resp: pb.AcknowledgeResponse = client.call("Acknowledge", req)
+    _print(render.to_json(resp.event) if args.json else render.event_line(resp.event))
+    return 0
+
+
+def cmd_watch(client: Client, args: argparse.Namespace) -> int:
+    """Print events forever; on a broken stream resume after the last seq printed, so none is lost or doubled."""
+    last = args.from_seq
+    established = False
+    backoff = 0.1
+    while True:
+        channel: grpc.Channel | None = None
+        try:
+            channel = client.open()
+            stub = pb_grpc.NodeHealthStub(channel)
+            # A unary probe bounds the connect by --timeout (a stream has no deadline), and with from_seq 0
+            # its seq is a safe resume point: the snapshot that follows already reflects every event up to it.
+            head = stub.GetVerdict(pb.GetVerdictRequest(), timeout=client.timeout).seq
+            if established:
+                print(f"robustctl: reconnected; resuming after seq {last}", file=sys.stderr, flush=True)
+            stream = stub.Watch(pb.WatchRequest(from_seq=last))
+            if last == 0:
+                last = head
+            established, backoff = True, 0.1
+            for ev in stream:
+                if not ev.snapshot and ev.seq <= last:
+                    continue  # already printed before a reconnect
+                last = max(last, ev.seq)
+                _print(render.to_json(ev, indent=None) if args.json else render.event_line(ev))
+            reason = "the daemon closed the stream"
+        except grpc.RpcError as err:
+            code = err.code()
+            if code == grpc.StatusCode.OUT_OF_RANGE:
+                raise CliError(EXIT_RPC, f"OUT_OF_RANGE: cannot resume after seq {last}: {err.details()}") from None
+            if not established or code not in _RESUMABLE:
+                raise client.error(err, channel) from None
+            reason = f"{code.name}: {err.details()}"
+        except CliError as err:
+            if not established or err.code != EXIT_UNREACHABLE:
+                raise
+            reason = str(err)
+        finally:
+            if channel is not None:
+                channel.close()
+        if backoff == 0.1:
+            print(f"robustctl: watch stream lost ({reason}); reconnecting to resume after seq {last}",
+                  file=sys.stderr, flush=True)
+        time.sleep(backoff)
+        backoff = min(backoff * 2, _BACKOFF_MAX)
+
+
+_COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
+    "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.socket and args.address:
+        parser.error("give --socket or --address, not both")
+    socket = None if args.address else (args.socket or os.environ.get("ROBUSTD_SOCKET") or DEFAULT_SOCKET)
+    client = Client(socket, args.address, args.timeout)
+    try:
+        return _COMMANDS[args.command](client, args)
+    except CliError as err:
+        print(f"robustctl: {err}", file=sys.stderr, flush=True)
+        return err.code
+    except KeyboardInterrupt:
+        return 0 if args.command == "watch" else 130
+    except BrokenPipeError:
+        # The reader went away (| head); close quietly, without Python's "Exception ignored" at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
