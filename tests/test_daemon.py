@@ -361,3 +361,23 @@ def test_prometheus_metrics_show_conditions_severity_and_checks(make_daemon: Any
     assert f'robustd_condition{{action="REBOOT",code="XID_79",component="gpu/{addr}.0",sticky="true"}} 2.0' in text
     assert 'robustd_check_runs_total{check="kernel"}' in text
     assert "robustd_events_total 1.0" in text
+
+
+def test_reboot_fixable_fault_that_survives_two_reboots_escalates_to_hw_inspect(make_daemon: Any) -> None:
+    need_root("writing /dev/kmsg")
+    d = make_daemon()
+    addr = bdf()
+    component = f"gpu/{addr}.0"
+    actions = []
+    for boot in range(3):
+        if boot:
+            d.stop()
+            d.reboot()
+        d.start()
+        assert cond(d.verdict(), "XID_48", component) is None  # the reboot cleared the last boot's condition
+        inject_kmsg(xid(addr, 48, "DBE (double bit error) ECC error"))
+        c = cond(d.wait_for(lambda v: cond(v, "XID_48", component) is not None), "XID_48", component)
+        assert c is not None
+        actions.append(c.action)
+    assert actions == [pb.ACTION_RESET_GPU, pb.ACTION_RESET_GPU, pb.ACTION_HW_INSPECT]
+    assert "2 earlier boots" in c.evidence["escalated"]
