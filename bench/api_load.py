@@ -15,7 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import grpc  # noqa: E402
-from _harness import BenchDaemon, percentile  # noqa: E402
+from _harness import BenchDaemon, kmsg_write, percentile  # noqa: E402
 
 from robustd.api.v1 import robustd_pb2 as pb  # noqa: E402
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc  # noqa: E402
@@ -59,12 +59,20 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=500)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--streams", type=int, default=100)
+    ap.add_argument("--conditions", type=int, default=20, help="standing conditions to serve (needs root)")
     args = ap.parse_args()
     d = BenchDaemon()
     try:
+        tag = os.getpid() % 0xff
+        for i in range(args.conditions):
+            kmsg_write(f"NVRM: Xid (PCI:{tag:04x}:{i:02x}:00): 13, pid={i}, name=bench, Graphics Engine Exception")
+        with grpc.insecure_channel(d.target) as ch:
+            stub = pb_grpc.NodeHealthStub(ch)
+            while len(stub.GetVerdict(pb.GetVerdictRequest()).conditions) < args.conditions:
+                time.sleep(0.05)
         lat, errors = asyncio.run(load(d.target, args.rate, args.seconds, args.streams))
         print(f"api_load: GetVerdict at {args.rate:.0f}/s for {args.seconds:.0f}s with {args.streams} open Watch "
-              f"streams: {len(lat)} ok, {errors} errors")
+              f"streams, {args.conditions} conditions: {len(lat)} ok, {errors} errors")
         print(f"  latency p50 {percentile(lat, 50):.2f} ms  p99 {percentile(lat, 99):.2f} ms  "
               f"max {max(lat):.2f} ms  (target p99 <= 5 ms)")
     finally:
