@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from robustd.model import Condition, Event, Report
 from robustd.policy import Policy
@@ -79,10 +79,10 @@ class Engine:
     def commit_events(self, events: list[Event]) -> list[Event]:
         return self._commit(events)
 
-    def _commit(self, events: list[Event], cursors: dict[str, object] | None = None) -> list[Event]:
+    def _commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None) -> list[Event]:
         if not events and not cursors:
             return []
-        done = self.store.commit(events, cursors)  # type: ignore[arg-type]
+        done = self.store.commit(events, cursors)
         self.policy.committed(done)
         if done:
             self.events_total += len(done)

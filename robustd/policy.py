@@ -15,6 +15,7 @@ from robustd.codes import CodeTable, Meaning
 from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Severity
 
 Key = tuple[str, str]
+RECENT_KEEP = 7 * 86400.0  # how long occurrence times of a cleared condition count toward `tolerate`
 PriorBoots = Callable[[str, str, str], int]  # (component, code, current boot) -> earlier boots it was seen in
 
 
@@ -78,6 +79,9 @@ class Policy:
     def tick(self, now: float) -> list[Event]:
         """Time passing: hold-downs expire, coalesced repeats go out, tolerated states escalate."""
         events: list[Event] = []
+        for key, seen in list(self._recent.items()):  # occurrence history outlives a clear (flaps), not forever
+            if key not in self.conditions and now - seen[-1] > RECENT_KEEP:
+                del self._recent[key]
         for key, c in list(self.conditions.items()):
             t = self._tracks[key]
             if not c.sticky and now - t.seen_at >= t.meaning.clear_after:
