@@ -1,8 +1,9 @@
 """What a check is: the small contract between the runner and every module in `checks/`.
 
 A check observes one thing and reports findings; it never decides severity or eviction.
-It is either polled (`poll`, run by the runner in the check's own worker thread under a
-deadline) or a watcher (`start` positions its source, `reports` yields as the kernel pushes).
+It is polled (`poll`, run by the runner in the check's own worker thread under a deadline),
+a watcher (`start` positions its source, `reports` yields as the kernel pushes), or both
+(e.g. netlink link events pushed, counters polled each second).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from robustd.codes import CodeRule
 from robustd.durations import Duration
 from robustd.model import Finding, Report
 from robustd.roots import Roots
@@ -58,8 +60,20 @@ class Check:
     """Base class for checks. Subclasses set `name`, `mode`, `Config`, and implement one mode."""
 
     name: ClassVar[str] = ""
-    mode: ClassVar[Literal["poll", "watch"]] = "poll"
+    mode: ClassVar[Literal["poll", "watch", "both"]] = "poll"
     Config: ClassVar[type[CheckConfig]] = CheckConfig
+
+    def codes(self) -> Mapping[str, CodeRule]:
+        """The meaning of the codes this check reports (usually `load_codes` of its rules/*.yaml)."""
+        return {}
+
+    def timeout_findings(self, ctx: CheckContext, stuck_for: float) -> Sequence[Finding] | None:
+        """Findings for a poll stuck past its deadline; None means the generic CHECK_TIMEOUT.
+
+        Called from the event loop while the poll thread is still blocked, so it may only read
+        what the poll published (e.g. which GPU it was asking when it hung).
+        """
+        return None
 
     def supported(self, ctx: CheckContext) -> str | None:
         """None if the check can run here, else the reason it cannot (shown in ListChecks)."""

@@ -37,11 +37,16 @@ ActionName = Annotated[Action, _enum_by_name(Action)]
 
 
 class Tolerate(BaseModel):
-    """Stay WARNING until `count` occurrences within `window`, then take the full severity."""
+    """Stay WARNING until `count` occurrences within `window`, then take the full severity.
+
+    A state (a link that stays down) also takes the full severity once it has lasted
+    `persist` (default: the window) without recovering.
+    """
 
     model_config = ConfigDict(extra="forbid")
     count: int = Field(ge=2)
     window: Duration
+    persist: Duration | None = None
 
 
 class CodeRule(BaseModel):
@@ -116,3 +121,36 @@ class CodeTable:
 
 def _set_fields(rule: CodeRule) -> dict[str, Any]:
     return {k: v for k in type(rule).model_fields if (v := getattr(rule, k)) is not None}
+
+
+def load_codes(path: str) -> dict[str, CodeRule]:
+    """The `codes:` table of a YAML rule file; errors name the file, the code and the line."""
+    import yaml
+    from pydantic import ValidationError
+
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    data = yaml.safe_load(text) or {}
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    out: dict[str, CodeRule] = {}
+    problems: list[str] = []
+    for code, rule in (data.get("codes") or {}).items():
+        try:
+            out[code] = CodeRule.model_validate(rule or {})
+        except ValidationError as e:
+            line = next((k.start_mark.line + 1 for k, v in _codes_node(root) if k.value == code), 1)
+            problems += [f"{path}:{line}: codes.{code}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                         for err in e.errors()]
+    if problems:
+        raise ValueError("\n".join(problems))
+    return out
+
+
+def _codes_node(root: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(root, yaml.MappingNode):
+        for k, v in root.value:
+            if k.value == "codes" and isinstance(v, yaml.MappingNode):
+                return list(v.value)
+    return []

@@ -135,10 +135,9 @@ class Daemon:
     def _code_table(self, settings: Settings) -> CodeTable:
         layers: list[Mapping[str, CodeRule]] = [BUILTIN_CODES]
         for st in self.runner.states:
-            codes = getattr(st.check, "codes", None)
-            if callable(codes) and st.status not in ("DISABLED", "UNSUPPORTED"):
+            if st.status not in ("DISABLED", "UNSUPPORTED"):
                 try:
-                    layers.append(codes())
+                    layers.append(st.check.codes())
                 except Exception as e:  # noqa: BLE001 - e.g. rules failed to load; the check already reported it
                     log.warning("check %s has no code table: %s", st.name, e)
         layers.append(settings.config.policy.codes)

@@ -161,7 +161,8 @@ class Policy:
         if tol is None or full <= Severity.WARNING:
             return full
         recent = [x for x in self._recent.get(key, ()) if now - x <= tol.window]
-        if len(recent) >= tol.count or (t.state and now - c.first_seen >= tol.window):
+        persist = tol.persist if tol.persist is not None else tol.window
+        if len(recent) >= tol.count or (t.state and now - c.first_seen >= persist):
             return full
         return Severity.WARNING
 

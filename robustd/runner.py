@@ -71,15 +71,18 @@ class Runner:
                 st.status, st.last_error = "UNSUPPORTED", reason
                 log.warning("check %s unsupported here: %s", st.name, reason)
                 continue
-            if st.check.mode == "watch":
+            if st.check.mode in ("watch", "both"):
                 await self._start_watch(st)
 
     def run(self) -> None:
         for st in self.states:
             if st.status in ("DISABLED", "UNSUPPORTED"):
                 continue
-            coro = self._watch_loop(st) if st.check.mode == "watch" else self._poll_loop(st)
-            self.tasks.append(asyncio.get_running_loop().create_task(coro, name=f"check-{st.name}"))
+            loop = asyncio.get_running_loop()
+            if st.check.mode in ("watch", "both"):
+                self.tasks.append(loop.create_task(self._watch_loop(st), name=f"watch-{st.name}"))
+            if st.check.mode in ("poll", "both"):
+                self.tasks.append(loop.create_task(self._poll_loop(st), name=f"poll-{st.name}"))
         self.tasks.append(asyncio.get_running_loop().create_task(self._heartbeat(), name="runner-heartbeat"))
 
     async def stop(self) -> None:
@@ -88,7 +91,7 @@ class Runner:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
         for st in self.states:
-            if st.check.mode == "watch" and st.status not in ("DISABLED", "UNSUPPORTED"):
+            if st.check.mode in ("watch", "both") and st.status not in ("DISABLED", "UNSUPPORTED"):
                 try:
                     await st.check.close()
                 except Exception:  # noqa: BLE001 - closing must not stop shutdown
@@ -108,9 +111,7 @@ class Runner:
             self.last_tick = time.monotonic()
             if st.pending is not None and not st.pending.done():
                 stuck = self.clock() - (st.stuck_since or self.clock())
-                self.sink(Report(st.name, (failure(st.name, "CHECK_TIMEOUT",
-                                                   f"check {st.name} is stuck in a poll for {stuck:.0f}s",
-                                                   deadline=f"{st.config.deadline:g}s", stuck_for=f"{stuck:.0f}s"),)))
+                self.sink(Report(st.name, self._timeout_findings(st, stuck)))
             else:
                 await self._poll_once(st, loop)
             next_at += interval
@@ -141,9 +142,7 @@ class Runner:
             st.status, st.failures, st.stuck_since = "TIMEOUT", st.failures + 1, st.last_run
             st.last_error = f"poll overran its {st.config.deadline:g}s deadline"
             log.warning("check %s: %s", st.name, st.last_error)
-            self.sink(Report(st.name, (failure(st.name, "CHECK_TIMEOUT",
-                                               f"check {st.name} overran its {st.config.deadline:g}s deadline",
-                                               deadline=f"{st.config.deadline:g}s"),)))
+            self.sink(Report(st.name, self._timeout_findings(st, st.config.deadline)))
             return
         except Exception as e:  # noqa: BLE001
             st.status, st.failures = "ERROR", st.failures + 1
@@ -157,6 +156,19 @@ class Runner:
         st.status, st.last_error, st.stuck_since = "OK", "", None
         st.last_duration = time.monotonic() - started
         self.sink(Report(st.name, tuple(findings or ())))
+
+    def _timeout_findings(self, st: CheckState, stuck: float) -> tuple[Finding, ...]:
+        """The check's own words for a stuck poll (e.g. NVML_HANG on the GPU it was asking), else CHECK_TIMEOUT."""
+        try:
+            own = st.check.timeout_findings(self.make_context(st.check, st.config), stuck)
+        except Exception:  # noqa: BLE001 - the hook must not hide the timeout
+            log.exception("check %s: timeout_findings raised", st.name)
+            own = None
+        if own:
+            return tuple(own)
+        return (failure(st.name, "CHECK_TIMEOUT", f"check {st.name} is stuck in a poll for {stuck:.0f}s "
+                        f"(deadline {st.config.deadline:g}s)", deadline=f"{st.config.deadline:g}s",
+                        stuck_for=f"{stuck:.0f}s"),)
 
     # -- watch checks --------------------------------------------------------------------------
     async def _start_watch(self, st: CheckState) -> bool:

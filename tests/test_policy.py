@@ -171,3 +171,14 @@ def test_hint_beats_wildcard_but_not_exact_entry() -> None:
     assert (ev.condition.severity, ev.condition.action) == (Severity.WARNING, Action.HW_INSPECT)
     [ev] = policy().apply([f("XID_13", severity=Severity.CRITICAL)], "kernel", now=0.0)
     assert ev.condition.severity is Severity.WARNING
+
+
+def test_tolerated_state_escalates_after_persist_not_the_whole_window() -> None:
+    table = {"NIC_DOWN": CodeRule(severity="CRITICAL", action="HW_INSPECT",
+                                  tolerate=Tolerate(count=3, window="5m", persist="10s"))}
+    p = Policy(CodeTable([table]), "boot-a")
+    [ev] = p.apply([f("NIC_DOWN", "nic/eth0", kind=FindingKind.STATE)], "nic", now=0.0)
+    assert ev.condition.severity is Severity.WARNING
+    assert p.tick(now=9.0) == []
+    [ev] = p.tick(now=10.0)
+    assert (ev.kind, ev.condition.severity) == (EventKind.UPDATED, Severity.CRITICAL)
