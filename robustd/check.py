@@ -63,6 +63,10 @@ class Check:
     mode: ClassVar[Literal["poll", "watch", "both"]] = "poll"
     Config: ClassVar[type[CheckConfig]] = CheckConfig
 
+    def emulated(self) -> str | None:
+        """A label when this check reads emulated hardware (shown in every verdict), else None."""
+        return None
+
     def codes(self) -> Mapping[str, CodeRule]:
         """The meaning of the codes this check reports (usually `load_codes` of its rules/*.yaml)."""
         return {}

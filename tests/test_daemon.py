@@ -381,3 +381,14 @@ def test_reboot_fixable_fault_that_survives_two_reboots_escalates_to_hw_inspect(
         actions.append(c.action)
     assert actions == [pb.ACTION_RESET_GPU, pb.ACTION_RESET_GPU, pb.ACTION_HW_INSPECT]
     assert "2 earlier boots" in c.evidence["escalated"]
+
+
+def test_emulated_hardware_is_labelled_in_every_verdict(make_daemon: Any, short_tmp: Path) -> None:
+    d = make_daemon({"checks": {"kernel": {"enabled": False}, "hang": {"enabled": False}, "boom": {"enabled": False},
+                                "tick": {"interval": "100ms", "emulated_label": "fake sensor board"}}},
+                    env=plugin_env(short_tmp))
+    d.start()
+    v = d.wait_for(lambda v: len(v.emulated) > 0)
+    assert list(v.emulated) == ["tick: fake sensor board"]
+    r = d.robustctl("status")
+    assert r.returncode == 0 and "EMULATED: tick: fake sensor board (not real hardware)" in r.stdout

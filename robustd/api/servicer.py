@@ -30,7 +30,14 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         severity, action = worst(conds)
         return pb.Verdict(node=self.node, severity=int(severity), action=int(action),
                           conditions=[convert.condition(c) for c in conds], seq=head, at=convert.ts(time.time()),
-                          boot_id=self.boot_id)
+                          boot_id=self.boot_id, emulated=self._emulated())
+
+    def _emulated(self) -> list[str]:
+        labels = []
+        for st in self.checks():
+            if st.status not in ("DISABLED", "UNSUPPORTED") and (label := st.check.emulated()):
+                labels.append(f"{st.name}: {label}")
+        return labels
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Event]:
         store = self.engine.store

@@ -121,7 +121,10 @@ def verdict_summary(v: pb.Verdict) -> str:
     """The one line a person or a log grep needs: node, severity, action, how many, where in the log."""
     sev = severity_name(v.severity)
     action = "" if v.action in (pb.ACTION_NONE, pb.ACTION_UNSPECIFIED) else f" (action {action_name(v.action)})"
-    return f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"
+    line = f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"
+    if v.emulated:
+        line += f"\nEMULATED: {', '.join(v.emulated)} (not real hardware)"
+    return line
 
 
 def verdict_text(v: pb.Verdict, now: float, width: int = DEFAULT_WIDTH) -> str:

@@ -31,15 +31,23 @@ class BoomCheck(Check):
 
 class TickConfig(CheckConfig):
     flag_file: str = ""  # while this file exists, report a TICK_FLAG state finding
+    emulated_label: str = ""  # pretend to read emulated hardware
 
 
 class TickCheck(Check):
     name = "tick"
     Config = TickConfig
 
+    def __init__(self) -> None:
+        self.label = ""
+
+    def emulated(self) -> str | None:
+        return self.label or None
+
     def poll(self, ctx: CheckContext) -> Sequence[Finding]:
         cfg = ctx.config
         assert isinstance(cfg, TickConfig)
+        self.label = cfg.emulated_label
         if cfg.flag_file and os.path.exists(cfg.flag_file):
             return [Finding(component="host", code="TICK_FLAG", message="flag file present",
                             kind=FindingKind.STATE)]

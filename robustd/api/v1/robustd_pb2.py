@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crobustd/api/v1/robustd.proto\x12\nrobustd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x03\n\tCondition\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12&\n\x08severity\x18\x03 \x01(\x0e\x32\x14.robustd.v1.Severity\x12\"\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x12.robustd.v1.Action\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x35\n\x08\x65vidence\x18\x06 \x03(\x0b\x32#.robustd.v1.Condition.EvidenceEntry\x12.\n\nfirst_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tlast_seen\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\t \x01(\x04\x12\x0e\n\x06sticky\x18\n \x01(\x08\x12\x0b\n\x03seq\x18\x0b \x01(\x04\x12\x0e\n\x06source\x18\x0c \x01(\t\x12\x0f\n\x07\x62oot_id\x18\r \x01(\t\x1a/\n\rEvidenceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9d\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.robustd.v1.EventKind\x12(\n\tcondition\x18\x04 \x01(\x0b\x32\x15.robustd.v1.Condition\x12\x10\n\x08snapshot\x18\x05 \x01(\x08\"\x13\n\x11GetVerdictRequest\"\xd4\x01\n\x07Verdict\x12\x0c\n\x04node\x18\x01 \x01(\t\x12&\n\x08severity\x18\x02 \x01(\x0e\x32\x14.robustd.v1.Severity\x12\"\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x12.robustd.v1.Action\x12)\n\nconditions\x18\x04 \x03(\x0b\x32\x15.robustd.v1.Condition\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x62oot_id\x18\x07 \x01(\t\" \n\x0cWatchRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\"\x9f\x01\n\x11ListEventsRequest\x12)\n\x05since\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcomponent\x18\x02 \x01(\t\x12*\n\x0cmin_severity\x18\x03 \x01(\x0e\x32\x14.robustd.v1.Severity\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x11\n\tafter_seq\x18\x05 \x01(\x04\"]\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.robustd.v1.Event\x12\x12\n\noldest_seq\x18\x02 \x01(\x04\x12\x10\n\x08head_seq\x18\x03 \x01(\x04\"\x13\n\x11ListChecksRequest\"\xce\x02\n\tCheckInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12+\n\x08interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08last_run\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\rlast_duration\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x06status\x18\x08 \x01(\x0e\x32\x17.robustd.v1.CheckStatus\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x0c\n\x04runs\x18\n \x01(\x04\x12\x10\n\x08\x66\x61ilures\x18\x0b \x01(\x04\";\n\x12ListChecksResponse\x12%\n\x06\x63hecks\x18\x01 \x03(\x0b\x32\x15.robustd.v1.CheckInfo\"E\n\x12\x41\x63knowledgeRequest\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"7\n\x13\x41\x63knowledgeResponse\x12 \n\x05\x65vent\x18\x01 \x01(\x0b\x32\x11.robustd.v1.Event*b\n\x08Severity\x12\x18\n\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x0f\n\x0bSEVERITY_OK\x10\x01\x12\x14\n\x10SEVERITY_WARNING\x10\x02\x12\x15\n\x11SEVERITY_CRITICAL\x10\x03*\x89\x01\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x41\x43TION_NONE\x10\x01\x12\x16\n\x12\x41\x43TION_RESTART_JOB\x10\x02\x12\x14\n\x10\x41\x43TION_RESET_GPU\x10\x03\x12\x11\n\rACTION_REBOOT\x10\x04\x12\x15\n\x11\x41\x43TION_HW_INSPECT\x10\x05*n\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45VENT_KIND_RAISED\x10\x01\x12\x16\n\x12\x45VENT_KIND_UPDATED\x10\x02\x12\x16\n\x12\x45VENT_KIND_CLEARED\x10\x03*\xe4\x01\n\x0b\x43heckStatus\x12\x1c\n\x18\x43HECK_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECK_STATUS_NOT_YET_RUN\x10\x01\x12\x13\n\x0f\x43HECK_STATUS_OK\x10\x02\x12\x16\n\x12\x43HECK_STATUS_ERROR\x10\x03\x12\x18\n\x14\x43HECK_STATUS_TIMEOUT\x10\x04\x12\x19\n\x15\x43HECK_STATUS_DISABLED\x10\x05\x12\x1c\n\x18\x43HECK_STATUS_UNSUPPORTED\x10\x06\x12\x19\n\x15\x43HECK_STATUS_WATCHING\x10\x07\x32\xf0\x02\n\nNodeHealth\x12@\n\nGetVerdict\x12\x1d.robustd.v1.GetVerdictRequest\x1a\x13.robustd.v1.Verdict\x12\x36\n\x05Watch\x12\x18.robustd.v1.WatchRequest\x1a\x11.robustd.v1.Event0\x01\x12K\n\nListEvents\x12\x1d.robustd.v1.ListEventsRequest\x1a\x1e.robustd.v1.ListEventsResponse\x12K\n\nListChecks\x12\x1d.robustd.v1.ListChecksRequest\x1a\x1e.robustd.v1.ListChecksResponse\x12N\n\x0b\x41\x63knowledge\x12\x1e.robustd.v1.AcknowledgeRequest\x1a\x1f.robustd.v1.AcknowledgeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crobustd/api/v1/robustd.proto\x12\nrobustd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9d\x03\n\tCondition\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12&\n\x08severity\x18\x03 \x01(\x0e\x32\x14.robustd.v1.Severity\x12\"\n\x06\x61\x63tion\x18\x04 \x01(\x0e\x32\x12.robustd.v1.Action\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x35\n\x08\x65vidence\x18\x06 \x03(\x0b\x32#.robustd.v1.Condition.EvidenceEntry\x12.\n\nfirst_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tlast_seen\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x63ount\x18\t \x01(\x04\x12\x0e\n\x06sticky\x18\n \x01(\x08\x12\x0b\n\x03seq\x18\x0b \x01(\x04\x12\x0e\n\x06source\x18\x0c \x01(\t\x12\x0f\n\x07\x62oot_id\x18\r \x01(\t\x1a/\n\rEvidenceEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9d\x01\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12#\n\x04kind\x18\x03 \x01(\x0e\x32\x15.robustd.v1.EventKind\x12(\n\tcondition\x18\x04 \x01(\x0b\x32\x15.robustd.v1.Condition\x12\x10\n\x08snapshot\x18\x05 \x01(\x08\"\x13\n\x11GetVerdictRequest\"\xe6\x01\n\x07Verdict\x12\x0c\n\x04node\x18\x01 \x01(\t\x12&\n\x08severity\x18\x02 \x01(\x0e\x32\x14.robustd.v1.Severity\x12\"\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32\x12.robustd.v1.Action\x12)\n\nconditions\x18\x04 \x03(\x0b\x32\x15.robustd.v1.Condition\x12\x0b\n\x03seq\x18\x05 \x01(\x04\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x62oot_id\x18\x07 \x01(\t\x12\x10\n\x08\x65mulated\x18\x08 \x03(\t\" \n\x0cWatchRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\"\x9f\x01\n\x11ListEventsRequest\x12)\n\x05since\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tcomponent\x18\x02 \x01(\t\x12*\n\x0cmin_severity\x18\x03 \x01(\x0e\x32\x14.robustd.v1.Severity\x12\r\n\x05limit\x18\x04 \x01(\x05\x12\x11\n\tafter_seq\x18\x05 \x01(\x04\"]\n\x12ListEventsResponse\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.robustd.v1.Event\x12\x12\n\noldest_seq\x18\x02 \x01(\x04\x12\x10\n\x08head_seq\x18\x03 \x01(\x04\"\x13\n\x11ListChecksRequest\"\xce\x02\n\tCheckInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12+\n\x08interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07timeout\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08last_run\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\rlast_duration\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x06status\x18\x08 \x01(\x0e\x32\x17.robustd.v1.CheckStatus\x12\x12\n\nlast_error\x18\t \x01(\t\x12\x0c\n\x04runs\x18\n \x01(\x04\x12\x10\n\x08\x66\x61ilures\x18\x0b \x01(\x04\";\n\x12ListChecksResponse\x12%\n\x06\x63hecks\x18\x01 \x03(\x0b\x32\x15.robustd.v1.CheckInfo\"E\n\x12\x41\x63knowledgeRequest\x12\x11\n\tcomponent\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"7\n\x13\x41\x63knowledgeResponse\x12 \n\x05\x65vent\x18\x01 \x01(\x0b\x32\x11.robustd.v1.Event*b\n\x08Severity\x12\x18\n\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x0f\n\x0bSEVERITY_OK\x10\x01\x12\x14\n\x10SEVERITY_WARNING\x10\x02\x12\x15\n\x11SEVERITY_CRITICAL\x10\x03*\x89\x01\n\x06\x41\x63tion\x12\x16\n\x12\x41\x43TION_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x41\x43TION_NONE\x10\x01\x12\x16\n\x12\x41\x43TION_RESTART_JOB\x10\x02\x12\x14\n\x10\x41\x43TION_RESET_GPU\x10\x03\x12\x11\n\rACTION_REBOOT\x10\x04\x12\x15\n\x11\x41\x43TION_HW_INSPECT\x10\x05*n\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11\x45VENT_KIND_RAISED\x10\x01\x12\x16\n\x12\x45VENT_KIND_UPDATED\x10\x02\x12\x16\n\x12\x45VENT_KIND_CLEARED\x10\x03*\xe4\x01\n\x0b\x43heckStatus\x12\x1c\n\x18\x43HECK_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECK_STATUS_NOT_YET_RUN\x10\x01\x12\x13\n\x0f\x43HECK_STATUS_OK\x10\x02\x12\x16\n\x12\x43HECK_STATUS_ERROR\x10\x03\x12\x18\n\x14\x43HECK_STATUS_TIMEOUT\x10\x04\x12\x19\n\x15\x43HECK_STATUS_DISABLED\x10\x05\x12\x1c\n\x18\x43HECK_STATUS_UNSUPPORTED\x10\x06\x12\x19\n\x15\x43HECK_STATUS_WATCHING\x10\x07\x32\xf0\x02\n\nNodeHealth\x12@\n\nGetVerdict\x12\x1d.robustd.v1.GetVerdictRequest\x1a\x13.robustd.v1.Verdict\x12\x36\n\x05Watch\x12\x18.robustd.v1.WatchRequest\x1a\x11.robustd.v1.Event0\x01\x12K\n\nListEvents\x12\x1d.robustd.v1.ListEventsRequest\x1a\x1e.robustd.v1.ListEventsResponse\x12K\n\nListChecks\x12\x1d.robustd.v1.ListChecksRequest\x1a\x1e.robustd.v1.ListChecksResponse\x12N\n\x0b\x41\x63knowledge\x12\x1e.robustd.v1.AcknowledgeRequest\x1a\x1f.robustd.v1.AcknowledgeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,14 +35,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CONDITION_EVIDENCEENTRY']._loaded_options = None
   _globals['_CONDITION_EVIDENCEENTRY']._serialized_options = b'8\001'
-  _globals['_SEVERITY']._serialized_start=1759
-  _globals['_SEVERITY']._serialized_end=1857
-  _globals['_ACTION']._serialized_start=1860
-  _globals['_ACTION']._serialized_end=1997
-  _globals['_EVENTKIND']._serialized_start=1999
-  _globals['_EVENTKIND']._serialized_end=2109
-  _globals['_CHECKSTATUS']._serialized_start=2112
-  _globals['_CHECKSTATUS']._serialized_end=2340
+  _globals['_SEVERITY']._serialized_start=1777
+  _globals['_SEVERITY']._serialized_end=1875
+  _globals['_ACTION']._serialized_start=1878
+  _globals['_ACTION']._serialized_end=2015
+  _globals['_EVENTKIND']._serialized_start=2017
+  _globals['_EVENTKIND']._serialized_end=2127
+  _globals['_CHECKSTATUS']._serialized_start=2130
+  _globals['_CHECKSTATUS']._serialized_end=2358
   _globals['_CONDITION']._serialized_start=110
   _globals['_CONDITION']._serialized_end=523
   _globals['_CONDITION_EVIDENCEENTRY']._serialized_start=476
@@ -52,23 +52,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETVERDICTREQUEST']._serialized_start=685
   _globals['_GETVERDICTREQUEST']._serialized_end=704
   _globals['_VERDICT']._serialized_start=707
-  _globals['_VERDICT']._serialized_end=919
-  _globals['_WATCHREQUEST']._serialized_start=921
-  _globals['_WATCHREQUEST']._serialized_end=953
-  _globals['_LISTEVENTSREQUEST']._serialized_start=956
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1115
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1117
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1210
-  _globals['_LISTCHECKSREQUEST']._serialized_start=1212
-  _globals['_LISTCHECKSREQUEST']._serialized_end=1231
-  _globals['_CHECKINFO']._serialized_start=1234
-  _globals['_CHECKINFO']._serialized_end=1568
-  _globals['_LISTCHECKSRESPONSE']._serialized_start=1570
-  _globals['_LISTCHECKSRESPONSE']._serialized_end=1629
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=1631
-  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=1700
-  _globals['_ACKNOWLEDGERESPONSE']._serialized_start=1702
-  _globals['_ACKNOWLEDGERESPONSE']._serialized_end=1757
-  _globals['_NODEHEALTH']._serialized_start=2343
-  _globals['_NODEHEALTH']._serialized_end=2711
+  _globals['_VERDICT']._serialized_end=937
+  _globals['_WATCHREQUEST']._serialized_start=939
+  _globals['_WATCHREQUEST']._serialized_end=971
+  _globals['_LISTEVENTSREQUEST']._serialized_start=974
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1133
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1135
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1228
+  _globals['_LISTCHECKSREQUEST']._serialized_start=1230
+  _globals['_LISTCHECKSREQUEST']._serialized_end=1249
+  _globals['_CHECKINFO']._serialized_start=1252
+  _globals['_CHECKINFO']._serialized_end=1586
+  _globals['_LISTCHECKSRESPONSE']._serialized_start=1588
+  _globals['_LISTCHECKSRESPONSE']._serialized_end=1647
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_start=1649
+  _globals['_ACKNOWLEDGEREQUEST']._serialized_end=1718
+  _globals['_ACKNOWLEDGERESPONSE']._serialized_start=1720
+  _globals['_ACKNOWLEDGERESPONSE']._serialized_end=1775
+  _globals['_NODEHEALTH']._serialized_start=2361
+  _globals['_NODEHEALTH']._serialized_end=2729
 # @@protoc_insertion_point(module_scope)

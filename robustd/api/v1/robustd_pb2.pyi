@@ -123,7 +123,7 @@ class GetVerdictRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id")
+    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id", "emulated")
     NODE_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class Verdict(_message.Message):
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_FIELD_NUMBER: _ClassVar[int]
     node: str
     severity: Severity
     action: Action
@@ -138,7 +139,8 @@ class Verdict(_message.Message):
     seq: int
     at: _timestamp_pb2.Timestamp
     boot_id: str
-    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    emulated: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ..., emulated: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_seq",)
