@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from checks.host import HostCheck
 from checks.kernel import KernelCheck
+from checks.pcie import PcieCheck
+from checks.thermal import ThermalCheck
 from robustd.check import Check
 
-BUILTIN: list[type[Check]] = [KernelCheck]
+BUILTIN: list[type[Check]] = [KernelCheck, PcieCheck, ThermalCheck, HostCheck]
 
-__all__ = ["BUILTIN", "KernelCheck"]
+__all__ = ["BUILTIN", "KernelCheck", "PcieCheck", "ThermalCheck", "HostCheck"]

@@ -1,0 +1,344 @@
+"""The host check: the disks from config, memory pressure, and host memory errors (EDAC).
+
+Disks (`checks.host.disks`, each a path): free space through psutil.disk_usage (statvfs on the
+configured path), read-only from the mount table, and SCSI I/O errors from the kernel's per-device
+`<sys>/block/<disk>/device/ioerr_cnt` (it counts commands that completed with an error). There is
+no error counter for NVMe in sysfs (`<sys>/block/<dev>/stat` counts I/Os, not failures): NVMe and
+other block errors are left to the kernel-log rule DISK_IO_ERROR ("I/O error, dev nvme0n1, …").
+
+The mount table is `<proc>/1/mounts` when readable: init's mount namespace is the host's, while the
+daemon's own may be sandboxed (systemd ProtectSystem= makes / read-only in *our* namespace only).
+Then `<proc>/self/mounts`, then `<proc>/mounts`.
+
+Memory: PSI `<proc>/pressure/memory` (`some`/`full` avg10, percent of time stalled) and
+MemAvailable from `<proc>/meminfo` → MEMORY_PRESSURE on `host`. EDAC:
+`<sys>/devices/system/edac/mc/mc<N>/{ce_count,ue_count}` → EDAC_UE on any rise, EDAC_CE_RISING above
+a rate, on `memory/mc<N>`. Counters are baselined at start; a decrease is a reset.
+
+Components: `disk<path>` (`disk/` for `/`, `disk/data` for `/data`), `host`, `memory/mc<N>`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from checks.pcie import Counter
+from robustd.check import Check, CheckConfig, CheckContext
+from robustd.codes import CodeRule, load_codes
+from robustd.durations import Duration
+from robustd.model import Action, Finding, FindingKind, Severity
+
+RULES = str(Path(__file__).with_name("rules") / "host.yaml")
+_MC = re.compile(r"^mc(\d+)$")
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+# -- pure parsers ---------------------------------------------------------------------------------
+class Mount(NamedTuple):
+    source: str
+    point: str
+    fstype: str
+    options: tuple[str, ...]
+
+    @property
+    def readonly(self) -> bool:
+        return "ro" in self.options
+
+
+def _unescape(field: str) -> str:
+    """The kernel writes blanks, tabs, newlines and backslashes in mount fields as \\040 etc."""
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mounts(text: str) -> list[Mount]:
+    """`/proc/mounts` lines (`source point fstype options dump pass`) in order; bad lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        out.append(Mount(_unescape(parts[0]), _unescape(parts[1]), parts[2], tuple(parts[3].split(","))))
+    return out
+
+
+def mount_for(path: str, mounts: Sequence[Mount]) -> Mount | None:
+    """The mount a path lives on: the longest mount point above it; the last of stacked mounts wins."""
+    path = os.path.normpath(path)
+    best: Mount | None = None
+    for m in mounts:
+        point = os.path.normpath(m.point)
+        if (path == point or point == os.sep or path.startswith(point + os.sep)) and (
+                best is None or len(point) >= len(os.path.normpath(best.point))):
+            best = m
+    return best
+
+
+class Psi(NamedTuple):
+    avg10: float
+    avg60: float
+    avg300: float
+    total: int
+
+
+def parse_psi(text: str) -> dict[str, Psi]:
+    """`some avg10=1.00 avg60=0.50 avg300=0.10 total=1234` (and `full …`) → {"some": Psi, "full": Psi}."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            values = dict(p.split("=", 1) for p in parts[1:])
+            out[parts[0]] = Psi(float(values["avg10"]), float(values["avg60"]), float(values["avg300"]),
+                                int(values["total"]))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"not a PSI line: {line!r}") from e
+    return out
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """`MemTotal:  1024 kB` → {"MemTotal": 1024} (kB; unitless lines such as HugePages_Total as is)."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        parts = rest.split()
+        if sep and parts:
+            try:
+                out[key.strip()] = int(parts[0])
+            except ValueError:
+                continue
+    return out
+
+
+def parse_count(text: str) -> int:
+    """A sysfs counter: decimal (`ce_count`) or hex (`ioerr_cnt` is written as `0x1f`)."""
+    return int(text.strip(), 0)
+
+
+# -- config ---------------------------------------------------------------------------------------
+class DiskConfig(BaseModel):
+    """One entry of `checks.host.disks`; a plain string is `{path: <string>}`."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    min_free_percent: float = Field(default=10.0, ge=0, le=100)  # below: DISK_SPACE_LOW WARNING
+    critical_free_percent: float = Field(default=3.0, ge=0, le=100)  # below: DISK_SPACE_LOW CRITICAL
+    readonly_is_fault: bool = True  # false for a mount that is read-only on purpose
+    device: str | None = None  # block device for ioerr_cnt (e.g. sda); default: from the mount table
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not os.path.isabs(v):
+            raise ValueError("must be an absolute path")
+        return os.path.normpath(v)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DiskConfig:
+        if self.critical_free_percent > self.min_free_percent:
+            raise ValueError("critical_free_percent must not be above min_free_percent")
+        return self
+
+
+class HostConfig(CheckConfig):
+    """`checks.host`."""
+
+    disks: list[DiskConfig] = Field(default_factory=lambda: [DiskConfig(path="/")])
+    psi_some_avg10: float = Field(default=40.0, ge=0, le=100)  # % of the last 10 s some task stalled on memory
+    psi_full_avg10: float = Field(default=10.0, ge=0, le=100)  # % of the last 10 s all tasks stalled on memory
+    min_available_percent: float = Field(default=5.0, ge=0, le=100)  # MemAvailable / MemTotal
+    edac_ce_count: int = Field(default=10, ge=1)  # corrected memory errors per window → EDAC_CE_RISING
+    edac_ce_window: Duration = 3600.0
+
+    @field_validator("disks", mode="before")
+    @classmethod
+    def _strings(cls, v: object) -> object:
+        return [{"path": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
+
+
+# -- the check ------------------------------------------------------------------------------------
+def _read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read()
+
+
+def _disk_component(path: str) -> str:
+    """`disk/<mount>`; the root file system is `disk/rootfs` (a bare `disk/` reads as a prefix in ListEvents)."""
+    return "disk/rootfs" if path == "/" else f"disk{path}"
+
+
+class HostCheck(Check):
+    """Disks, memory pressure and EDAC memory errors."""
+
+    name = "host"
+    mode = "poll"
+    Config = HostConfig
+
+    def __init__(self) -> None:
+        self._ioerr: dict[str, Counter] = {}  # block device -> counter
+        self._edac: dict[str, dict[str, Counter]] = {}  # mcN -> {"ce": .., "ue": ..}
+
+    def codes(self) -> Mapping[str, CodeRule]:
+        return load_codes(RULES)
+
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        cfg = ctx.config if isinstance(ctx.config, HostConfig) else HostConfig()
+        now = ctx.clock()
+        findings: list[Finding] = []
+        mounts = self._mounts(ctx)
+        for disk in cfg.disks:
+            findings += self._disk(ctx, disk, mounts, now)
+        findings += self._memory(ctx, cfg)
+        findings += self._edac_counts(ctx, cfg, now)
+        return findings
+
+    # -- disks ---------------------------------------------------------------------------------
+    @staticmethod
+    def _mounts(ctx: CheckContext) -> list[Mount]:
+        for parts in (("1", "mounts"), ("self", "mounts"), ("mounts",)):
+            try:
+                return parse_mounts(_read(ctx.roots.proc_path(*parts)))
+            except OSError:
+                continue
+        raise OSError(f"no readable mount table under {ctx.roots.proc}")
+
+    def _disk(self, ctx: CheckContext, disk: DiskConfig, mounts: list[Mount], now: float) -> list[Finding]:
+        component = _disk_component(disk.path)
+        out: list[Finding] = []
+        mount = mount_for(disk.path, mounts)
+        where = {"path": disk.path}
+        if mount is not None:
+            where.update(mount=mount.point, source=mount.source, fstype=mount.fstype)
+        try:
+            usage = psutil.disk_usage(disk.path)
+        except OSError as e:  # ENOENT: the path is gone; EIO: the file system cannot answer
+            out.append(Finding(component=component, code="DISK_UNAVAILABLE", kind=FindingKind.STATE,
+                               message=f"cannot stat {disk.path}: {e.strerror or e}",
+                               evidence={**where, "errno": str(e.errno)}))
+        else:
+            free = 100.0 - usage.percent
+            level = (Severity.CRITICAL if free < disk.critical_free_percent else
+                     Severity.WARNING if free < disk.min_free_percent else None)
+            if level is not None:
+                limit = disk.critical_free_percent if level is Severity.CRITICAL else disk.min_free_percent
+                out.append(Finding(
+                    component=component, code="DISK_SPACE_LOW", kind=FindingKind.STATE, severity=level,
+                    action=Action.HW_INSPECT if level is Severity.CRITICAL else Action.NONE,
+                    message=f"{disk.path}: {free:.1f}% free, below {limit:g}%",
+                    evidence={**where, "free_percent": f"{free:.1f}", "free_bytes": str(usage.free),
+                              "total_bytes": str(usage.total), "threshold_percent": f"{limit:g}"}))
+        if mount is not None and mount.readonly and disk.readonly_is_fault:
+            out.append(Finding(component=component, code="DISK_READONLY", kind=FindingKind.STATE,
+                               message=f"{mount.point} ({mount.source}) is mounted read-only",
+                               evidence={**where, "options": ",".join(mount.options)}))
+        device = disk.device or (self._block_disk(ctx, os.path.basename(mount.source)) if mount else None)
+        if device:
+            out += self._ioerrors(ctx, device, component, where, now)
+        return out
+
+    @staticmethod
+    def _block_disk(ctx: CheckContext, name: str) -> str | None:
+        """The whole disk a block device name belongs to (sda1 → sda), or None if it is not one."""
+        if not name or name in (".", ".."):
+            return None
+        if os.path.isdir(ctx.roots.sys_path("block", name)):
+            return name
+        try:
+            disks = os.listdir(ctx.roots.sys_path("block"))
+        except OSError:
+            return None
+        return next((d for d in disks if os.path.isdir(ctx.roots.sys_path("block", d, name))), None)
+
+    def _ioerrors(self, ctx: CheckContext, device: str, component: str, where: Mapping[str, str],
+                  now: float) -> list[Finding]:
+        try:  # SCSI (sd*) only; NVMe, virtio and dm have no such counter (see the module doc)
+            count = parse_count(_read(ctx.roots.sys_path("block", device, "device", "ioerr_cnt")))
+        except (OSError, ValueError):
+            return []
+        counter = self._ioerr.get(device)
+        if counter is None:
+            self._ioerr[device] = Counter(count)
+            return []
+        old = counter.value
+        delta = counter.update(count, now)
+        if not delta:
+            return []
+        return [Finding(component=component, code="DISK_IO_ERRORS_RISING", kind=FindingKind.OCCURRENCE,
+                        message=f"{device}: {delta} new I/O error(s) (ioerr_cnt {old} -> {count})",
+                        evidence={**where, "device": device, "new": str(delta), "ioerr_cnt": str(count)})]
+
+    # -- memory --------------------------------------------------------------------------------
+    @staticmethod
+    def _memory(ctx: CheckContext, cfg: HostConfig) -> list[Finding]:
+        reasons: list[str] = []
+        evidence: dict[str, str] = {}
+        try:
+            psi = parse_psi(_read(ctx.roots.proc_path("pressure", "memory")))
+        except (OSError, ValueError):
+            psi = {}  # no PSI (kernel without CONFIG_PSI, or psi=0): MemAvailable alone decides
+        for kind, limit in (("some", cfg.psi_some_avg10), ("full", cfg.psi_full_avg10)):
+            if kind in psi:
+                evidence[f"psi_{kind}_avg10"] = f"{psi[kind].avg10:g}"
+                if psi[kind].avg10 >= limit:
+                    reasons.append(f"PSI {kind} avg10 {psi[kind].avg10:g}% >= {limit:g}%")
+        try:
+            info = parse_meminfo(_read(ctx.roots.proc_path("meminfo")))
+        except OSError:
+            info = {}
+        total, avail = info.get("MemTotal"), info.get("MemAvailable")
+        if total and avail is not None:
+            pct = 100.0 * avail / total
+            evidence.update(mem_available_kb=str(avail), mem_total_kb=str(total), mem_available_percent=f"{pct:.1f}")
+            if pct < cfg.min_available_percent:
+                reasons.append(f"MemAvailable {pct:.1f}% < {cfg.min_available_percent:g}%")
+        if not reasons:
+            return []
+        return [Finding(component="host", code="MEMORY_PRESSURE", kind=FindingKind.STATE,
+                        message="memory pressure: " + "; ".join(reasons), evidence=evidence)]
+
+    # -- EDAC ----------------------------------------------------------------------------------
+    def _edac_counts(self, ctx: CheckContext, cfg: HostConfig, now: float) -> list[Finding]:
+        base = ctx.roots.sys_path("devices", "system", "edac", "mc")
+        try:
+            names = sorted(n for n in os.listdir(base) if _MC.match(n))
+        except OSError:
+            return []  # no EDAC driver loaded: nothing to count
+        out: list[Finding] = []
+        for mc in names:
+            counts: dict[str, int] = {}
+            for kind in ("ce", "ue"):
+                try:
+                    counts[kind] = parse_count(_read(os.path.join(base, mc, f"{kind}_count")))
+                except (OSError, ValueError):
+                    continue
+            known = self._edac.setdefault(mc, {})
+            component = f"memory/{mc}"
+            for kind, value in counts.items():
+                counter = known.get(kind)
+                if counter is None:
+                    known[kind] = Counter(value)
+                    continue
+                old = counter.value
+                delta = counter.update(value, now)
+                if kind == "ue" and delta:
+                    out.append(Finding(component=component, code="EDAC_UE", kind=FindingKind.OCCURRENCE,
+                                       message=f"{mc}: {delta} new uncorrected memory error(s) "
+                                               f"(ue_count {old} -> {value})",
+                                       evidence={"new": str(delta), "ue_count": str(value)}))
+                elif kind == "ce":
+                    recent = counter.increase_within(cfg.edac_ce_window, now)
+                    if recent >= cfg.edac_ce_count:
+                        out.append(Finding(
+                            component=component, code="EDAC_CE_RISING", kind=FindingKind.STATE,
+                            message=f"{mc}: {recent} corrected memory errors in the last {cfg.edac_ce_window:g}s "
+                                    f"(threshold {cfg.edac_ce_count})",
+                            evidence={"recent": str(recent), "ce_count": str(value),
+                                      "window": f"{cfg.edac_ce_window:g}s"}))
+        return out

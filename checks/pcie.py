@@ -1,0 +1,317 @@
+"""The PCIe check: link width and AER counters of GPUs, NICs and NVSwitches, from sysfs.
+
+Each poll reads `<sysfs_root>/bus/pci/devices/<bdf>/` for the devices whose PCI class is watched:
+`current_link_width` vs `max_link_width`, and the kernel's AER counters `aer_dev_correctable`,
+`aer_dev_nonfatal`, `aer_dev_fatal`. Counters are compared with the previous poll (baselines are
+taken at start, so errors from before the daemon started are not reported again); a decrease is a
+reset (driver reload, device removed and re-added) and counts from zero. A watched device present
+at start whose directory disappears (surprise removal, a GPU fallen off the bus and removed by the
+driver) is reported as missing.
+
+Link *speed* below its maximum is not a fault by itself: GPUs and NICs drop to 2.5 GT/s when idle
+(ASPM / power management), so speed is only evidence on a width finding.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from robustd.check import Check, CheckConfig, CheckContext
+from robustd.codes import CodeRule, load_codes
+from robustd.durations import Duration
+from robustd.model import Finding, FindingKind
+
+RULES = str(Path(__file__).with_name("rules") / "pcie.yaml")
+AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
+_HEX = re.compile(r"^(?:0x)?([0-9a-fA-F]+)$")
+# What a class prefix is called in messages; the longest matching prefix wins.
+CLASS_NAMES = {"0300": "GPU (VGA)", "0302": "GPU", "0200": "Ethernet NIC", "0207": "InfiniBand NIC",
+               "0680": "bridge/NVSwitch", "0604": "PCI bridge"}
+
+
+# -- pure parsers ---------------------------------------------------------------------------------
+class AerCounters(NamedTuple):
+    """One `aer_dev_*` file: the TOTAL_ERR_* line and every named counter."""
+
+    total: int
+    counters: dict[str, int]
+
+
+def parse_aer(text: str) -> AerCounters:
+    """`RxErr 0\\nBadTLP 2\\n…\\nTOTAL_ERR_COR 2` → AerCounters(2, {...}).
+
+    Kernels before the TOTAL_ERR_* line was added get the sum of the named counters.
+    Raises ValueError on a line that is not `<name> <count>`.
+    """
+    counters: dict[str, int] = {}
+    total: int | None = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"not an AER counter line: {line!r}")
+        name, value = parts[0], int(parts[1])
+        if name.startswith("TOTAL_ERR_"):
+            total = value
+        else:
+            counters[name] = value
+    return AerCounters(total if total is not None else sum(counters.values()), counters)
+
+
+def parse_link_speed(text: str) -> float | None:
+    """`32.0 GT/s PCIe` (or older `8 GT/s`) → 32.0; `Unknown` → None."""
+    m = re.match(r"\s*([0-9.]+)\s*GT/s", text)
+    return float(m.group(1)) if m else None
+
+
+def parse_hex(text: str) -> str:
+    """`0x030200\\n` → `030200` (lower case); raises ValueError on anything else."""
+    m = _HEX.match(text.strip())
+    if not m:
+        raise ValueError(f"not a hex id: {text.strip()!r}")
+    return m.group(1).lower()
+
+
+def counter_delta(old: int, new: int) -> int:
+    """The increase of a monotonic counter; a decrease means it was reset and counts from zero."""
+    return new - old if new >= old else new
+
+
+@dataclass
+class Counter:
+    """A kernel counter seen poll by poll: its increases, and their sum over a recent window."""
+
+    value: int
+    history: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def update(self, new: int, now: float) -> int:
+        delta = counter_delta(self.value, new)
+        self.value = new
+        if delta:
+            self.history.append((now, delta))
+        return delta
+
+    def increase_within(self, window: float, now: float) -> int:
+        while self.history and now - self.history[0][0] > window:
+            self.history.popleft()
+        return sum(d for _, d in self.history)
+
+
+# -- config ---------------------------------------------------------------------------------------
+class ClassMatch(BaseModel):
+    """`{class: "0x0680", vendor: "0x10de"}`: a class prefix, optionally only from one vendor."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    class_: str = Field(alias="class")
+    vendor: str | None = None
+
+    @field_validator("class_", "vendor")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        return None if v is None else parse_hex(v)
+
+    def matches(self, pci_class: str, vendor: str) -> bool:
+        return pci_class.startswith(self.class_) and (self.vendor is None or self.vendor == vendor)
+
+
+def _default_classes() -> list[ClassMatch | str]:
+    return ["0x0302", "0x0300", "0x0200", "0x0207", ClassMatch(class_="0x0680", vendor="0x10de")]
+
+
+class PcieConfig(CheckConfig):
+    """`checks.pcie`."""
+
+    sysfs_root: str | None = None  # default: roots.sys
+    # PCI class prefixes watched: 3D controller and VGA (GPUs), Ethernet and InfiniBand (NICs), and
+    # NVIDIA's "other bridge" class (NVSwitch). A plain string is a class prefix; a mapping adds a vendor.
+    classes: list[ClassMatch | str] = Field(default_factory=_default_classes)
+    aer_correctable_count: int = Field(default=100, ge=1)  # corrected errors within the window that
+    aer_correctable_window: Duration = 60.0                # make PCIE_AER_CORRECTABLE_RISING
+
+    @field_validator("classes")
+    @classmethod
+    def _matches(cls, v: list[ClassMatch | str]) -> list[ClassMatch | str]:
+        return [ClassMatch(class_=x) if isinstance(x, str) else x for x in v]
+
+    def matchers(self) -> list[ClassMatch]:
+        return [x if isinstance(x, ClassMatch) else ClassMatch(class_=x) for x in self.classes]
+
+
+# -- the check ------------------------------------------------------------------------------------
+@dataclass
+class _Device:
+    bdf: str
+    pci_class: str
+    vendor: str
+    device: str
+    aer: dict[str, Counter] = field(default_factory=dict)
+
+    @property
+    def what(self) -> str:
+        name = next((CLASS_NAMES[p] for p in sorted(CLASS_NAMES, key=len, reverse=True)
+                     if self.pci_class.startswith(p)), "device")
+        return f"{name} {self.vendor}:{self.device}"
+
+    def evidence(self) -> dict[str, str]:
+        return {"class": f"0x{self.pci_class}", "vendor": f"0x{self.vendor}", "device": f"0x{self.device}"}
+
+
+class _Gone(Exception):
+    """The device's directory vanished while it was read."""
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read()
+
+
+class PcieCheck(Check):
+    """PCIe link width, AER counters and presence of the watched devices."""
+
+    name = "pcie"
+    mode = "poll"
+    Config = PcieConfig
+
+    def __init__(self) -> None:
+        self._devices: dict[str, _Device] | None = None  # None until the first poll took baselines
+        self._missing: dict[str, _Device] = {}
+
+    def codes(self) -> Mapping[str, CodeRule]:
+        return load_codes(RULES)
+
+    @staticmethod
+    def _config(ctx: CheckContext) -> PcieConfig:
+        return ctx.config if isinstance(ctx.config, PcieConfig) else PcieConfig()
+
+    @classmethod
+    def devices_dir(cls, ctx: CheckContext) -> str:
+        return os.path.join(cls._config(ctx).sysfs_root or ctx.roots.sys, "bus", "pci", "devices")
+
+    def supported(self, ctx: CheckContext) -> str | None:
+        path = self.devices_dir(ctx)
+        return None if os.path.isdir(path) else f"{path} does not exist (no PCI bus in sysfs)"
+
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        cfg = self._config(ctx)
+        base = self.devices_dir(ctx)
+        now = ctx.clock()
+        present = set(os.listdir(base))
+        first = self._devices is None
+        devices = self._devices if self._devices is not None else {}
+        findings: list[Finding] = []
+
+        for bdf in sorted(present - devices.keys()):  # at start, and devices that (re)appear
+            dev = self._discover(base, bdf, cfg.matchers())
+            if dev is not None:
+                devices[bdf] = dev
+                self._missing.pop(bdf, None)
+        for bdf, dev in sorted(devices.items()):
+            try:
+                if bdf not in present:
+                    raise _Gone
+                findings += self._read_device(os.path.join(base, bdf), dev, cfg, now, baseline=first)
+            except _Gone:
+                self._missing[bdf] = dev
+        for bdf in self._missing:
+            devices.pop(bdf, None)
+        self._devices = devices
+        for bdf, dev in sorted(self._missing.items()):
+            findings.append(Finding(
+                component=f"pcie/{bdf}", code="PCIE_DEVICE_MISSING", kind=FindingKind.STATE,
+                message=f"{dev.what} at {bdf}, present at start, is gone from the PCI bus",
+                evidence=dev.evidence()))
+        return findings
+
+    @staticmethod
+    def _discover(base: str, bdf: str, matchers: list[ClassMatch]) -> _Device | None:
+        path = os.path.join(base, bdf)
+        try:
+            pci_class = parse_hex(_read(os.path.join(path, "class")))
+            vendor = parse_hex(_read(os.path.join(path, "vendor")))
+            device = parse_hex(_read(os.path.join(path, "device")))
+        except (OSError, ValueError):
+            return None  # not a device directory we understand (or gone already)
+        if not any(m.matches(pci_class, vendor) for m in matchers):
+            return None
+        return _Device(bdf=bdf.lower(), pci_class=pci_class, vendor=vendor, device=device)
+
+    def _read_device(self, path: str, dev: _Device, cfg: PcieConfig, now: float,
+                     baseline: bool) -> list[Finding]:
+        out: list[Finding] = []
+        component = f"pcie/{dev.bdf}"
+        link = {k: _attr(path, k) for k in ("current_link_width", "max_link_width",
+                                             "current_link_speed", "max_link_speed")}
+        cur, top = _int(link["current_link_width"]), _int(link["max_link_width"])
+        if cur is not None and top is not None and cur < top:
+            speed = {k: v.strip() for k, v in link.items() if k.endswith("speed") and v is not None}
+            out.append(Finding(
+                component=component, code="PCIE_WIDTH_DEGRADED", kind=FindingKind.STATE,
+                message=f"{dev.what} at {dev.bdf}: PCIe link at x{cur}, capable of x{top}",
+                evidence={**dev.evidence(), "current_link_width": str(cur), "max_link_width": str(top), **speed}))
+
+        for kind, filename in AER_FILES.items():
+            text = _attr(path, filename)
+            if text is None:
+                continue  # no AER capability (or AER disabled): nothing to count
+            try:
+                aer = parse_aer(text)
+            except ValueError:
+                continue
+            counter = dev.aer.get(kind)
+            if counter is None or baseline:
+                dev.aer[kind] = Counter(aer.total)
+                continue
+            old = counter.value
+            delta = counter.update(aer.total, now)
+            if kind == "correctable":
+                recent = counter.increase_within(cfg.aer_correctable_window, now)
+                if recent >= cfg.aer_correctable_count:
+                    out.append(Finding(
+                        component=component, code="PCIE_AER_CORRECTABLE_RISING", kind=FindingKind.STATE,
+                        message=f"{dev.what} at {dev.bdf}: {recent} corrected PCIe errors in the last "
+                                f"{cfg.aer_correctable_window:g}s (threshold {cfg.aer_correctable_count})",
+                        evidence={**dev.evidence(), "recent": str(recent), "total": str(aer.total),
+                                  "window": f"{cfg.aer_correctable_window:g}s", **_named(aer)}))
+            elif delta:
+                code = "PCIE_AER_FATAL" if kind == "fatal" else "PCIE_AER_NONFATAL"
+                out.append(Finding(
+                    component=component, code=code, kind=FindingKind.OCCURRENCE,
+                    message=f"{dev.what} at {dev.bdf}: {delta} new {kind} uncorrectable PCIe error(s) "
+                            f"(AER total {old} -> {aer.total})",
+                    evidence={**dev.evidence(), "new": str(delta), "total": str(aer.total), **_named(aer)}))
+        return out
+
+
+def _named(aer: AerCounters) -> dict[str, str]:
+    """The non-zero named counters, as evidence (which error types they were)."""
+    return {f"aer_{k}": str(v) for k, v in aer.counters.items() if v}
+
+
+def _attr(path: str, name: str) -> str | None:
+    """One sysfs attribute; None if this device has no such file. A vanished device raises _Gone."""
+    try:
+        return _read(os.path.join(path, name))
+    except FileNotFoundError:
+        if not os.path.isdir(path):
+            raise _Gone from None
+        return None
+    except OSError:  # EIO/EINVAL: the device does not answer config reads right now
+        if not os.path.isdir(path):
+            raise _Gone from None
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
