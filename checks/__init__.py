@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from checks.host import HostCheck
 from checks.kernel import KernelCheck
+from checks.nic import NicCheck
 from checks.pcie import PcieCheck
 from checks.thermal import ThermalCheck
 from robustd.check import Check
 
-BUILTIN: list[type[Check]] = [KernelCheck, PcieCheck, ThermalCheck, HostCheck]
+BUILTIN: list[type[Check]] = [KernelCheck, NicCheck, PcieCheck, ThermalCheck, HostCheck]
 
-__all__ = ["BUILTIN", "KernelCheck", "PcieCheck", "ThermalCheck", "HostCheck"]
+__all__ = ["BUILTIN", "KernelCheck", "NicCheck", "PcieCheck", "ThermalCheck", "HostCheck"]

@@ -1,0 +1,221 @@
+"""InfiniBand / RoCE ports read from sysfs (`<ib root>/<dev>/ports/<n>/`), and counter rates.
+
+The NIC check polls these once per interval. Parsers take the text of one sysfs file and are
+tested on literal strings; `IbPorts` turns readings into findings on `ib/<dev>/<port>`.
+`RateWindow` (shared with the NIC counters) turns a monotonic counter into a rate over a
+window, and treats a counter that went backwards (driver reload, reset) as a new baseline,
+never as a huge or negative rate.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from robustd.model import Finding, FindingKind
+
+IB_ACTIVE = 4  # `state`: "4: ACTIVE"
+PHYS_LINKUP = 5  # `phys_state`: "5: LinkUp"
+ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "local_link_integrity_errors",
+                  "excessive_buffer_overrun_errors")
+DATA_COUNTERS = ("port_xmit_data", "port_rcv_data")  # in 4-byte words (IBA PortCounters)
+_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:Gb/sec\b.*)?$")
+
+
+class PortState(NamedTuple):
+    code: int
+    name: str
+
+
+def parse_ib_state(text: str) -> PortState:
+    """`state` ("4: ACTIVE") or `phys_state` ("5: LinkUp") → (4, "ACTIVE")."""
+    m = _STATE.match(text)
+    if not m:
+        raise ValueError(f"not an IB port state: {text!r} (expected e.g. '4: ACTIVE')")
+    return PortState(int(m.group(1)), m.group(2))
+
+
+def parse_rate(text: str | float | int) -> float:
+    """`rate` ("400 Gb/sec (4X NDR)"), a config value ("400 Gb/sec", "400") or a number → Gb/s."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _RATE.match(text)
+    if not m:
+        raise ValueError(f"not an IB rate: {text!r} (expected e.g. '400 Gb/sec (4X NDR)')")
+    return float(m.group(1))
+
+
+def parse_counter(text: str) -> int:
+    return int(text.strip())
+
+
+@dataclass(frozen=True)
+class PortReading:
+    state: PortState
+    phys_state: PortState
+    rate: float | None
+    counters: dict[str, int]
+
+    @property
+    def active(self) -> bool:
+        return self.state.code == IB_ACTIVE and self.phys_state.code == PHYS_LINKUP
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read()
+
+
+def read_port(path: str) -> PortReading:
+    """One port directory; raises FileNotFoundError when the port (or its device) is gone."""
+    state = parse_ib_state(_read(os.path.join(path, "state")))
+    phys = parse_ib_state(_read(os.path.join(path, "phys_state")))
+    try:
+        rate: float | None = parse_rate(_read(os.path.join(path, "rate")))
+    except (OSError, ValueError):  # some drivers fail the read while the link trains
+        rate = None
+    counters: dict[str, int] = {}
+    for name in ("link_downed", *ERROR_COUNTERS, *DATA_COUNTERS):
+        try:
+            counters[name] = parse_counter(_read(os.path.join(path, "counters", name)))
+        except (OSError, ValueError):
+            continue
+    return PortReading(state, phys, rate, counters)
+
+
+@dataclass
+class RateWindow:
+    """Samples of one counter over `window` seconds; `add` returns the increase since the last sample."""
+
+    window: float
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, t: float, value: int) -> int | None:
+        """The increase since the last sample; None for the first sample or after a reset."""
+        last = self.samples[-1][1] if self.samples else None
+        if last is not None and value < last:  # reset (driver reload): start a new baseline
+            self.samples.clear()
+            last = None
+        self.samples.append((t, value))
+        while len(self.samples) > 2 and t - self.samples[1][0] >= self.window:
+            self.samples.popleft()
+        return None if last is None else value - last
+
+    def rate(self) -> float | None:
+        """Increase per second across the window; None until two samples exist."""
+        if len(self.samples) < 2:
+            return None
+        (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
+
+
+@dataclass
+class _Port:
+    baseline_rate: float | None = None
+    windows: dict[str, RateWindow] = field(default_factory=dict)
+
+
+class IbPorts:
+    """The watched ports of one IB root and what was last read from them."""
+
+    def __init__(self, root: str, patterns: list[str], expected_rate: float | None, error_rate: float,
+                 rate_window: float):
+        self.root = root
+        self.patterns = patterns
+        self.expected_rate = expected_rate
+        self.error_rate = error_rate
+        self.rate_window = rate_window
+        self.ports: dict[str, _Port] = {}  # "dev/port" → state
+        self.traffic: dict[str, tuple[float, float]] = {}  # component → (tx, rx) bytes/s
+
+    def _present(self) -> list[str]:
+        out = []
+        try:
+            devs = sorted(os.listdir(self.root))
+        except OSError:
+            return []
+        for dev in devs:
+            try:
+                out += [f"{dev}/{p}" for p in sorted(os.listdir(os.path.join(self.root, dev, "ports")))]
+            except OSError:
+                continue
+        return out
+
+    def discover(self) -> None:
+        """Ports matching `ib_ports`; by default every port that is ACTIVE now."""
+        for key in self._present():
+            if self.patterns:
+                if any(fnmatch.fnmatchcase(key, p) for p in self.patterns):
+                    self.ports.setdefault(key, _Port())
+                continue
+            try:
+                if read_port(self._path(key)).active:
+                    self.ports.setdefault(key, _Port())
+            except (OSError, ValueError):
+                continue
+
+    def _path(self, key: str) -> str:
+        dev, port = key.split("/", 1)
+        return os.path.join(self.root, dev, "ports", port)
+
+    def poll(self, now: float) -> list[Finding]:
+        if self.patterns:  # globs also pick up ports that appear later
+            for key in self._present():
+                if key not in self.ports and any(fnmatch.fnmatchcase(key, p) for p in self.patterns):
+                    self.ports[key] = _Port()
+        out: list[Finding] = []
+        for key, st in self.ports.items():
+            comp = f"ib/{key}"
+            try:
+                r = read_port(self._path(key))
+            except FileNotFoundError:
+                out.append(Finding(comp, "IB_PORT_DOWN", f"IB port {key} is gone from sysfs",
+                                   {"state": "absent"}, FindingKind.STATE))
+                st.windows.clear()
+                continue
+            except (OSError, ValueError) as e:
+                out.append(Finding(comp, "IB_READ_ERROR", f"cannot read IB port {key}: {e}", {"error": str(e)},
+                                   FindingKind.STATE))
+                continue
+            out += self._judge(key, comp, st, r, now)
+        return out
+
+    def _judge(self, key: str, comp: str, st: _Port, r: PortReading, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        ev = {"state": r.state.name, "phys_state": r.phys_state.name}
+        if r.active:
+            out.append(Finding(comp, "IB_PORT_DOWN", kind=FindingKind.RESOLVED, message=f"{key} is ACTIVE"))
+        else:
+            out.append(Finding(comp, "IB_PORT_DOWN", f"IB port {key} is {r.state.name}/{r.phys_state.name}",
+                               ev, FindingKind.STATE))
+        if r.active and r.rate is not None:
+            if st.baseline_rate is None:
+                st.baseline_rate = r.rate
+            want = self.expected_rate if self.expected_rate is not None else st.baseline_rate
+            if r.rate < want:
+                out.append(Finding(comp, "IB_RATE_DEGRADED", f"IB port {key} runs at {r.rate:g} Gb/s, "
+                                   f"expected {want:g}", {"rate_gbps": f"{r.rate:g}", "expected_gbps": f"{want:g}"},
+                                   FindingKind.STATE))
+            else:
+                out.append(Finding(comp, "IB_RATE_DEGRADED", kind=FindingKind.RESOLVED))
+        rising: dict[str, str] = {}
+        for name, value in r.counters.items():
+            w = st.windows.setdefault(name, RateWindow(self.rate_window))
+            inc = w.add(now, value)
+            if name == "link_downed" and inc:
+                out.append(Finding(comp, "IB_LINK_DOWNED", f"IB port {key} lost its link {inc} time(s) "
+                                   f"(link_downed {value})", {"link_downed": str(value), "increase": str(inc)}))
+            rate = w.rate()
+            if name in ERROR_COUNTERS and rate is not None and rate > self.error_rate:
+                rising[name] = f"{rate:.3g}/s (total {value})"
+        if rising:
+            out.append(Finding(comp, "IB_ERRORS_RISING", f"IB port {key} error counters rising: "
+                               + ", ".join(f"{k} {v}" for k, v in rising.items()), rising, FindingKind.STATE))
+        tx, rx = (st.windows.get(n) for n in DATA_COUNTERS)
+        self.traffic[comp] = ((tx.rate() or 0.0) * 4 if tx else 0.0, (rx.rate() or 0.0) * 4 if rx else 0.0)
+        return out

@@ -1,0 +1,467 @@
+"""The NIC check: link state pushed by netlink, counters and InfiniBand ports polled.
+
+Push: a netlink socket subscribed to RTNLGRP_LINK, read non-blocking on the daemon's loop,
+so a carrier or operstate change becomes NIC_DOWN (or its RESOLVED) within milliseconds.
+Poll (each interval, in the runner's worker thread): an RTM_GETLINK dump gives carrier,
+`carrier_changes` and the 64-bit rx/tx error and drop counters of every link (in the watched
+network namespace too, whose sysfs this process cannot see); sysfs gives link speed and the
+InfiniBand ports (`checks/ib.py`).
+
+Both paths feed one `LinkTracker` on the loop thread. Each reading carries the link's
+`carrier_changes`, so a dump taken just before an event can never undo what the event said,
+and every carrier change is counted once for NIC_FLAPPING, even if events were dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import fnmatch
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from checks.ib import IbPorts, RateWindow, parse_rate
+from robustd.check import Check, CheckConfig, CheckContext
+from robustd.codes import CodeRule, load_codes
+from robustd.durations import Duration
+from robustd.model import Finding, FindingKind, Report
+
+RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "nic.yaml")
+DEFAULT_NETNS_DIR = "/run/netns"  # where `ip netns add` puts its handles
+DOWN_OPERSTATES = {"DOWN", "LOWERLAYERDOWN", "NOTPRESENT"}
+IFF_UP = 0x1
+CLONE_NEWNET = 0x40000000
+_CLOSED = object()
+
+
+class NicConfig(CheckConfig):
+    """`checks.nic`."""
+
+    interfaces: list[str] = Field(default_factory=list)  # globs; default: physical links up at start
+    expected_speed_mbps: int | dict[str, int] | None = None  # one speed, or glob → speed
+    sysfs_root: str | None = None  # default: roots.sys
+    netns: str | None = None  # a name under netns_dir, or a path to a netns handle
+    netns_dir: str = DEFAULT_NETNS_DIR
+    flap_count: int = Field(default=6, ge=2)  # carrier changes (down + up = 2) within flap_window
+    flap_window: Duration = 300.0
+    error_rate: float = Field(default=1.0, ge=0)  # rx+tx errors per second, averaged over rate_window
+    drop_rate: float = Field(default=100.0, ge=0)  # rx+tx drops per second, averaged over rate_window
+    rate_window: Duration = 10.0
+    ib_root: str | None = None  # default: <sysfs_root>/class/infiniband
+    ib_ports: list[str] = Field(default_factory=list)  # "mlx5_*/1" globs; default: ports ACTIVE at start
+    expected_ib_rate: float | None = None  # Gb/s ("400 Gb/sec" accepted); default: the rate seen first
+    ib_error_rate: float = Field(default=1.0, ge=0)  # IB error counter increase per second
+
+    @field_validator("expected_ib_rate", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> Any:
+        return parse_rate(v) if isinstance(v, str) else v
+
+
+# -- netlink ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LinkObs:
+    """One reading of one link, from an event or a dump."""
+
+    ifname: str
+    index: int
+    admin_up: bool = True
+    carrier: bool | None = None
+    operstate: str = "UNKNOWN"
+    carrier_changes: int | None = None
+    stats: Mapping[str, int] = field(default_factory=dict)
+    gone: bool = False
+
+    @property
+    def down(self) -> bool:
+        return self.gone or not self.admin_up or self.carrier is False or self.operstate in DOWN_OPERSTATES
+
+    def evidence(self) -> dict[str, str]:
+        if self.gone:
+            return {"state": "absent"}
+        return {"operstate": self.operstate, "admin": "up" if self.admin_up else "down",
+                "carrier": {True: "on", False: "off", None: "unknown"}[self.carrier],
+                "carrier_changes": str(self.carrier_changes)}
+
+
+def link_from_msg(msg: Any) -> LinkObs:
+    """An RTM_NEWLINK / RTM_DELLINK message (pyroute2 ifinfmsg) → LinkObs."""
+    from pyroute2.netlink.rtnl import RTM_DELLINK
+
+    carrier = msg.get("IFLA_CARRIER")
+    return LinkObs(ifname=msg.get("IFLA_IFNAME") or "", index=msg["index"],
+                   admin_up=bool(msg["flags"] & IFF_UP), carrier=None if carrier is None else bool(carrier),
+                   operstate=msg.get("IFLA_OPERSTATE") or "UNKNOWN", carrier_changes=msg.get("IFLA_CARRIER_CHANGES"),
+                   stats=dict(msg.get("IFLA_STATS64") or {}), gone=msg["header"]["type"] == RTM_DELLINK)
+
+
+def open_netlink(groups: int, netns_path: str | None, self_ns: str) -> socket.socket:
+    """A NETLINK_ROUTE socket bound to `groups`, created inside `netns_path` if given.
+
+    A socket keeps the namespace it was created in, so only a short-lived thread enters the
+    namespace (setns changes the calling thread only); the daemon's threads never move.
+    """
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        s.bind((0, groups))
+        return s
+
+    if netns_path is None:
+        return make()
+    out: list[Any] = []
+
+    def enter() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            home = os.open(self_ns, os.O_RDONLY)
+            target = os.open(netns_path, os.O_RDONLY)
+            try:
+                if libc.setns(target, CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into {netns_path}: {os.strerror(err)}")
+                try:
+                    out.append(make())
+                finally:
+                    libc.setns(home, CLONE_NEWNET)
+            finally:
+                os.close(target)
+                os.close(home)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out.append(e)
+
+    t = threading.Thread(target=enter, name="nic-netns")
+    t.start()
+    t.join()
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
+def parse_messages(data: bytes) -> list[Any]:
+    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+    return list(MarshalRtnl().parse(data))
+
+
+def dump_links(sock: socket.socket, seq: int, timeout: float) -> list[LinkObs]:
+    """RTM_GETLINK dump on a blocking socket; replies of other (timed-out) dumps are skipped."""
+    from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
+    from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_NEWLINK
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+
+    req = ifinfmsg()
+    req["header"]["type"] = RTM_GETLINK
+    req["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
+    req["header"]["sequence_number"] = seq
+    req["family"] = 0
+    req.encode()
+    sock.settimeout(timeout)
+    sock.send(req.data)
+    out: list[LinkObs] = []
+    while True:
+        for msg in parse_messages(sock.recv(1 << 20)):
+            if msg["header"]["sequence_number"] != seq:
+                continue
+            kind = msg["header"]["type"]
+            if kind == NLMSG_DONE:
+                return out
+            if kind == NLMSG_ERROR and msg["header"].get("error") is not None:
+                raise OSError(f"link dump failed: {msg['header']['error']}")
+            if kind == RTM_NEWLINK:
+                out.append(link_from_msg(msg))
+
+
+# -- link state ---------------------------------------------------------------------------------
+class LinkTracker:
+    """Carrier state and carrier changes of the watched links; pure, run on the loop thread."""
+
+    def __init__(self, watched: Callable[[str], bool], expected: Iterable[str], flap_count: int, flap_window: float):
+        self.watched = watched
+        self.expected = set(expected)  # links reported absent when missing from a dump
+        self.flap_count = flap_count
+        self.flap_window = flap_window
+        self.links: dict[str, LinkObs] = {}
+        self.changes: dict[str, deque[float]] = {}
+        self._disagree: dict[str, int] = {}
+
+    def event(self, obs: LinkObs, now: float) -> list[Finding]:
+        return self._accept(obs, now, from_dump=False) if self.watched(obs.ifname) else []
+
+    def snapshot(self, links: Sequence[LinkObs], now: float) -> list[Finding]:
+        """A full dump: reconcile, then re-report every link still down and every flapping one."""
+        out: list[Finding] = []
+        seen = {o.ifname for o in links}
+        for o in links:
+            if self.watched(o.ifname):
+                out += self._accept(o, now, from_dump=True)
+        for name in (self.expected | set(self.links)) - seen:
+            out += self._accept(LinkObs(name, -1, gone=True), now, from_dump=True)
+        for name, o in sorted(self.links.items()):
+            if o.down:
+                out.append(self._down(o))
+            out += self._flapping(name, now)
+        return out
+
+    def _accept(self, obs: LinkObs, now: float, from_dump: bool) -> list[Finding]:
+        name = obs.ifname
+        prev = self.links.get(name)
+        if prev is not None and prev.gone and obs.gone:
+            return []
+        same = prev is not None and not prev.gone and not obs.gone and prev.index == obs.index
+        delta = 0
+        if same and prev is not None and prev.carrier_changes is not None and obs.carrier_changes is not None:
+            if obs.carrier_changes < prev.carrier_changes:
+                return []  # older than a reading already applied (a dump overtaken by an event)
+            if from_dump and obs.carrier_changes == prev.carrier_changes and obs.down != prev.down:
+                self._disagree[name] = self._disagree.get(name, 0) + 1
+                if self._disagree[name] < 2:  # no carrier change in between: believe it on the 2nd dump
+                    return []
+            delta = obs.carrier_changes - prev.carrier_changes
+        elif prev is not None and prev.down != obs.down:
+            delta = 1  # a new ifindex (driver reload) or a vanished link: one change, counters restart
+        self._disagree.pop(name, None)
+        self.links[name] = obs
+        if delta:
+            q = self.changes.setdefault(name, deque(maxlen=4 * self.flap_count))
+            q.extend([now] * min(delta, q.maxlen or delta))
+        out: list[Finding] = []
+        if obs.down and (prev is None or not prev.down):
+            out.append(self._down(obs))
+        elif not obs.down and (prev is None or prev.down):
+            out.append(Finding(f"nic/{name}", "NIC_DOWN", f"{name} link is up", obs.evidence(), FindingKind.RESOLVED))
+        if delta:
+            out += self._flapping(name, now)
+        return out
+
+    def _down(self, o: LinkObs) -> Finding:
+        why = "is gone" if o.gone else f"is down (operstate {o.operstate}, carrier {o.evidence()['carrier']}" + \
+            (", admin down)" if not o.admin_up else ")")
+        return Finding(f"nic/{o.ifname}", "NIC_DOWN", f"{o.ifname} link {why}", o.evidence(), FindingKind.STATE)
+
+    def _flapping(self, name: str, now: float) -> list[Finding]:
+        n = sum(1 for t in self.changes.get(name, ()) if now - t <= self.flap_window)
+        if n < self.flap_count:
+            return []
+        return [Finding(f"nic/{name}", "NIC_FLAPPING", f"{name} changed carrier {n} times in "
+                        f"{self.flap_window:g}s", {"carrier_changes_in_window": str(n),
+                                                   "window_s": f"{self.flap_window:g}"}, FindingKind.STATE)]
+
+
+# -- the check ----------------------------------------------------------------------------------
+class NicCheck(Check):
+    """Ethernet/RoCE links (netlink, pushed and polled) and InfiniBand ports (sysfs, polled)."""
+
+    name = "nic"
+    mode = "both"
+    Config = NicConfig
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: socket.socket | None = None
+        self._dump: socket.socket | None = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._tracker: LinkTracker | None = None
+        self._first: list[Finding] = []
+        self._seq = 0
+        self._counters: dict[str, tuple[int, dict[str, RateWindow]]] = {}
+        self._traffic: dict[str, tuple[float, float]] = {}
+        self._ib: IbPorts | None = None
+        self._lock = threading.Lock()
+
+    def codes(self) -> Mapping[str, CodeRule]:
+        return load_codes(RULES)
+
+    @staticmethod
+    def _config(ctx: CheckContext) -> NicConfig:
+        return ctx.config if isinstance(ctx.config, NicConfig) else NicConfig()
+
+    @staticmethod
+    def _netns_path(cfg: NicConfig) -> str | None:
+        if not cfg.netns:
+            return None
+        return cfg.netns if os.sep in cfg.netns else os.path.join(cfg.netns_dir, cfg.netns)
+
+    def _open(self, ctx: CheckContext, groups: int) -> socket.socket:
+        self_ns = ctx.roots.proc_path("thread-self", "ns", "net")
+        return open_netlink(groups, self._netns_path(self._config(ctx)), self_ns)
+
+    def traffic(self) -> dict[str, tuple[float, float]]:
+        """(tx, rx) bytes per second of every watched NIC and IB port over the rate window (hang signal)."""
+        with self._lock:
+            return {**self._traffic, **(self._ib.traffic if self._ib else {})}
+
+    async def start(self, ctx: CheckContext) -> None:
+        from pyroute2.netlink.rtnl import RTMGRP_LINK
+
+        cfg = self._config(ctx)
+        sysfs = cfg.sysfs_root or ctx.roots.sys
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue()
+        self._events = await asyncio.to_thread(self._open, ctx, RTMGRP_LINK)  # subscribe, then dump: nothing missed
+        try:
+            self._events.setblocking(False)
+            self._events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            links = await asyncio.to_thread(self._dump_now, ctx)
+            if cfg.interfaces:
+                expected = [p for p in cfg.interfaces if not any(c in p for c in "*?[")]
+
+                def watched(name: str) -> bool:
+                    return any(fnmatch.fnmatchcase(name, p) for p in cfg.interfaces)
+            else:
+                def physical(o: LinkObs) -> bool:
+                    if cfg.netns:  # the namespace's sysfs is not ours to read
+                        return o.ifname != "lo"
+                    return os.path.exists(os.path.join(sysfs, "class", "net", o.ifname, "device"))
+                expected = [o.ifname for o in links if not o.down and physical(o)]
+                names = set(expected)
+
+                def watched(name: str) -> bool:
+                    return name in names
+            self._tracker = LinkTracker(watched, expected, cfg.flap_count, cfg.flap_window)
+            self._first = self._tracker.snapshot(links, time.monotonic())
+            ib = IbPorts(cfg.ib_root or os.path.join(sysfs, "class", "infiniband"), cfg.ib_ports,
+                         cfg.expected_ib_rate, cfg.ib_error_rate, cfg.rate_window)
+            await asyncio.to_thread(ib.discover)
+            self._ib = ib
+            self._loop.add_reader(self._events.fileno(), self._on_readable)
+        except BaseException:
+            await self.close()
+            raise
+        ctx.log.info("nic: watching %s; IB ports %s", sorted(self._tracker.links) or "no links",
+                     sorted(ib.ports) or "none")
+
+    async def close(self) -> None:
+        if self._events is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._events.fileno())
+            self._events.close()
+            self._events = None
+        with self._lock:
+            if self._dump is not None:
+                self._dump.close()
+                self._dump = None
+        self._queue.put_nowait(_CLOSED)
+
+    def _dump_now(self, ctx: CheckContext) -> list[LinkObs]:
+        with self._lock:
+            if self._dump is None:
+                self._dump = self._open(ctx, 0)
+            self._seq += 1
+            try:
+                return dump_links(self._dump, self._seq, self._config(ctx).deadline)
+            except BaseException:
+                self._dump.close()  # a half-read dump must not confuse the next one
+                self._dump = None
+                raise
+
+    def _on_readable(self) -> None:
+        """Loop callback: drain the subscription; hand findings to `reports`."""
+        if self._events is None or self._tracker is None:
+            return
+        from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_NEWLINK
+
+        out: list[Finding] = []
+        now = time.monotonic()
+        while True:
+            try:
+                data = self._events.recv(1 << 20)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.ENOBUFS:  # ENOBUFS: events were dropped; the next dump reconciles
+                    continue
+                self._queue.put_nowait(e)
+                if self._loop is not None:
+                    self._loop.remove_reader(self._events.fileno())
+                break
+            for msg in parse_messages(data):
+                if msg["header"]["type"] in (RTM_NEWLINK, RTM_DELLINK):
+                    out += self._tracker.event(link_from_msg(msg), now)
+        if out:
+            self._queue.put_nowait(out)
+
+    def _on_snapshot(self, links: list[LinkObs], now: float) -> None:
+        if self._tracker is not None:
+            self._queue.put_nowait(self._tracker.snapshot(links, now))
+
+    def reports(self) -> AsyncIterator[Report]:
+        return self._iterate(self._first)
+
+    async def _iterate(self, first: list[Finding]) -> AsyncIterator[Report]:
+        yield Report(self.name, tuple(first))
+        while True:
+            item = await self._queue.get()
+            if item is _CLOSED:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if item:
+                yield Report(self.name, tuple(item))
+
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        cfg = self._config(ctx)
+        links = self._dump_now(ctx)
+        now = time.monotonic()
+        if self._loop is not None and self._tracker is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._on_snapshot, links, now)
+        watched = self._tracker.watched if self._tracker else (lambda _: False)
+        out: list[Finding] = []
+        for o in links:
+            if watched(o.ifname):
+                out += self._counters_of(cfg, o, now)
+                out += self._speed_of(cfg, ctx, o)
+        if self._ib is not None:
+            with self._lock:
+                out += self._ib.poll(now)
+        return out
+
+    def _counters_of(self, cfg: NicConfig, o: LinkObs, now: float) -> list[Finding]:
+        index, windows = self._counters.get(o.ifname, (o.index, {}))
+        if index != o.index:  # a new ifindex: the driver was reloaded and its counters restarted
+            windows = {}
+        self._counters[o.ifname] = (o.index, windows)
+        s = o.stats
+        sums = {"errors": s.get("rx_errors", 0) + s.get("tx_errors", 0),
+                "drops": s.get("rx_dropped", 0) + s.get("tx_dropped", 0),
+                "tx_bytes": s.get("tx_bytes", 0), "rx_bytes": s.get("rx_bytes", 0)}
+        rates = {}
+        for k, v in sums.items():
+            w = windows.setdefault(k, RateWindow(cfg.rate_window))
+            w.add(now, v)
+            rates[k] = w.rate()
+        with self._lock:
+            self._traffic[f"nic/{o.ifname}"] = (rates["tx_bytes"] or 0.0, rates["rx_bytes"] or 0.0)
+        bad = {k: f"{rates[k]:.3g}/s (total {sums[k]})" for k, limit in (("errors", cfg.error_rate),
+                                                                         ("drops", cfg.drop_rate))
+               if (rates[k] or 0.0) > limit}
+        if not bad:
+            return []
+        detail = {k: str(s.get(k, 0)) for k in ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")}
+        return [Finding(f"nic/{o.ifname}", "NIC_ERRORS_RISING", f"{o.ifname} " + ", ".join(
+            f"{k} rising {v}" for k, v in bad.items()), {**bad, **detail}, FindingKind.STATE)]
+
+    def _speed_of(self, cfg: NicConfig, ctx: CheckContext, o: LinkObs) -> list[Finding]:
+        want = cfg.expected_speed_mbps
+        if isinstance(want, dict):
+            want = next((v for p, v in want.items() if fnmatch.fnmatchcase(o.ifname, p)), None)
+        if want is None or cfg.netns or o.down:  # speed is only meaningful with a link
+            return []
+        try:
+            with open(os.path.join(cfg.sysfs_root or ctx.roots.sys, "class", "net", o.ifname, "speed")) as f:
+                speed = int(f.read().strip())
+        except (OSError, ValueError):
+            return []  # no speed reported (virtual links, EINVAL while the link trains)
+        comp = f"nic/{o.ifname}"
+        if 0 < speed < want:
+            return [Finding(comp, "NIC_SPEED_DEGRADED", f"{o.ifname} runs at {speed} Mb/s, expected {want}",
+                            {"speed_mbps": str(speed), "expected_mbps": str(want)}, FindingKind.STATE)]
+        return [Finding(comp, "NIC_SPEED_DEGRADED", kind=FindingKind.RESOLVED)] if speed > 0 else []
