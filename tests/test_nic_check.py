@@ -16,7 +16,8 @@ from conftest import Daemon, need_root
 from test_daemon import Watcher, cond
 
 from checks.ib import IbPorts, PortState, RateWindow, parse_ib_state, parse_rate
-from checks.nic import LinkObs, LinkTracker, NicCheck, NicConfig
+from checks.netlink import LinkObs, LinkTracker
+from checks.nic import NicCheck, NicConfig
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeTable
 from robustd.model import FindingKind
