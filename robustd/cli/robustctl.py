@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("component")
     a.add_argument("code")
     a.add_argument("--reason", default="", help="why, for the event log")
+    from robustd.cli import sim
+
+    sim.add_parser(verb("sim", "edit the NVML emulator's state file (hosts without GPUs; no daemon needed)"))
     return parser
 
 
@@ -257,8 +260,20 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
         backoff = min(backoff * 2, _BACKOFF_MAX)
 
 
+def cmd_sim(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import sim
+
+    try:
+        return sim.run(args)
+    except ValueError as e:
+        raise CliError(EXIT_USAGE, f"sim: {e}") from None
+    except OSError as e:
+        raise CliError(1, f"sim: {e.filename or ''}: {e.strerror or e}") from None
+
+
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
+    "sim": cmd_sim,
 }
 
 

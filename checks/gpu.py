@@ -1,0 +1,438 @@
+"""The GPU check: NVML polled every interval, each GPU's faults as findings on `gpu/<bus id>`.
+
+Backends: `nvml` (the host's libnvidia-ml.so.1) or `emulator` (robustd/nvmlemu, loaded ahead of
+pynvml so that glibc hands pynvml the emulator for the same SONAME; only when config says so).
+Every NVML call announces which GPU and which call it is (`_Current`), so a call that hangs is
+reported by `timeout_findings` as NVML_HANG on that GPU while the poll thread stays stuck.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pynvml
+from pydantic import Field, model_validator
+
+from robustd.check import Check, CheckConfig, CheckContext
+from robustd.codes import CodeRule, load_codes
+from robustd.durations import Duration
+from robustd.model import Action, Finding, FindingKind, Severity
+
+RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "gpu.yaml")
+NVML_LIBRARY = "libnvidia-ml.so.1"
+HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
+NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
+_UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+class GpuConfig(CheckConfig):
+    """`checks.gpu`. backend, expected_gpus and emulator_state are the public contract."""
+
+    backend: Literal["nvml", "emulator"] = "nvml"
+    expected_gpus: int | None = Field(default=None, ge=0)
+    emulator_state: str | None = None  # the emulator's state file (required with backend: emulator)
+    emulator_library: str | None = None  # default: built on demand into <state_dir>/nvml-emulator/
+    temp_warn_margin: int = Field(default=0, ge=0)  # WARNING at slowdown threshold minus this (°C)
+    temp_critical_margin: int = Field(default=3, ge=0)  # CRITICAL at shutdown threshold minus this (°C)
+    init_timeout: Duration = 60.0  # a stuck nvmlInit/inventory is NVML_HANG only after this long
+    slowdown_window: Duration = 10.0  # HW slowdown reasons must hold this long to raise
+    busy_utilization: int = Field(default=50, ge=0, le=100)  # % above which a lower PCIe gen counts
+    nvlink_counters_every: int = Field(default=5, ge=1)  # read NVLink error counters every Nth poll (cost)
+    replay_window: Duration = 60.0
+    replay_per_lane_per_min: float | None = None  # default: DCGM's 0.96 at Gen4, doubling per gen
+    stall_after: Duration = 300.0  # TRAINING_STALLED after this long idle with processes alive
+    stall_utilization: int = Field(default=1, ge=0, le=100)  # % at or below which a GPU counts as idle
+    stall_traffic_bytes_per_s: float = Field(default=1_000_000.0, ge=0)  # RDMA+NIC below this is ~0
+
+    @model_validator(mode="after")
+    def _emulator_needs_state(self) -> GpuConfig:
+        if self.backend == "emulator" and not self.emulator_state:
+            raise ValueError("backend emulator needs emulator_state (the emulator's state file)")
+        return self
+
+
+@dataclass
+class _Gpu:
+    handle: Any
+    bus: str  # normalised dddd:bb:dd.f
+    name: str
+    uuid: str
+    active_links: list[int] = field(default_factory=list)
+    slowdown: int | None = None  # threshold °C
+    shutdown: int | None = None
+    max_width: int | None = None
+    max_gen: int | None = None
+    slowdown_since: float | None = None
+    replays: deque[tuple[float, int]] = field(default_factory=deque)
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    lost: bool = False
+
+
+class _Current:
+    """Which GPU and NVML call the poll thread is in; read by timeout_findings from the event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value: tuple[str, str, float] | None = None
+
+    def set(self, component: str, call: str) -> None:
+        with self._lock:
+            self._value = (component, call, time.monotonic())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._value = None
+
+    def get(self) -> tuple[str, str, float] | None:
+        with self._lock:
+            return self._value
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's `00000000:3B:00.0` as the kernel writes it: `0000:3b:00.0`."""
+    domain, _, rest = bus_id.strip().rpartition(":")
+    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
+    return f"{int(domain or '0', 16):04x}:{bus.lower()}:{rest.lower()}"
+
+
+def _address(handle: Any) -> int | None:
+    """A device handle's identity (NVML hands out the same pointer for the same GPU)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class GpuCheck(Check):
+    name = "gpu"
+    mode = "poll"
+    Config = GpuConfig
+
+    def __init__(self) -> None:
+        self.current = _Current()
+        self.inventory: list[_Gpu] = []
+        self.driver_version = ""
+        self._initialized = False
+        self._emulated = False
+        self._polls = 0
+        self._stall_since: float | None = None
+        self._traffic: tuple[float, int] | None = None
+
+    def codes(self) -> Mapping[str, CodeRule]:
+        return load_codes(RULES)
+
+    def emulated(self) -> str | None:
+        """Shown in every verdict, so an emulated node is never taken for a real one."""
+        if not self._emulated:
+            return None
+        return f"NVML emulator, {len(self.inventory)} GPUs, driver {self.driver_version}"
+
+    @staticmethod
+    def _config(ctx: CheckContext) -> GpuConfig:
+        return ctx.config if isinstance(ctx.config, GpuConfig) else GpuConfig()
+
+    def supported(self, ctx: CheckContext) -> str | None:
+        cfg = self._config(ctx)
+        if cfg.backend == "emulator":
+            from robustd.nvmlemu.build import BuildError
+
+            try:  # built here, before the first poll and its deadline
+                self._emulator_library(ctx, cfg)
+            except BuildError as e:
+                return f"backend emulator: {e}"
+            return None
+        if cfg.expected_gpus:
+            return None  # a host that expects GPUs reports a missing driver as NVML_UNAVAILABLE
+        try:
+            ctypes.CDLL(NVML_LIBRARY)
+        except OSError:
+            return f"no NVIDIA driver ({NVML_LIBRARY} not found) and checks.gpu.expected_gpus is not set"
+        return None
+
+    # -- findings ------------------------------------------------------------------------------
+    def _finding(self, component: str, code: str, message: str, severity: Severity | None = None,
+                 action: Action | None = None, **evidence: str) -> Finding:
+        if self._emulated:
+            evidence["emulated"] = "true"
+        return Finding(component=component, code=code, message=message, evidence=evidence,
+                       kind=FindingKind.STATE, severity=severity, action=action)
+
+    def timeout_findings(self, ctx: CheckContext, stuck_for: float) -> Sequence[Finding] | None:
+        now = self.current.get()
+        if now is None:
+            return None
+        component, call, since = now
+        waited = time.monotonic() - since
+        if not self._initialized and waited < self._config(ctx).init_timeout:
+            return None  # nvmlInit without persistence mode can take seconds per GPU: CHECK_TIMEOUT only
+        return [self._finding(component, "NVML_HANG", f"NVML call {call} has not returned for {waited:.1f}s",
+                              call=call, stuck_for=f"{waited:.1f}s")]
+
+    def _call(self, component: str, fn: Callable[..., Any], *args: Any) -> Any:
+        self.current.set(component, fn.__name__)
+        try:
+            return fn(*args)
+        finally:
+            self.current.clear()
+
+    # -- NVML setup ----------------------------------------------------------------------------
+    @staticmethod
+    def _emulator_library(ctx: CheckContext, cfg: GpuConfig) -> str:
+        from robustd.nvmlemu.build import build_emulator
+
+        return cfg.emulator_library or build_emulator(os.path.join(ctx.state_dir, "nvml-emulator"))
+
+    def _init(self, ctx: CheckContext, cfg: GpuConfig) -> None:
+        if cfg.backend == "emulator":
+            from robustd.nvmlemu.state import ENV_VAR
+
+            lib = self._emulator_library(ctx, cfg)
+            os.environ[ENV_VAR] = os.path.abspath(cfg.emulator_state or "")
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)  # before pynvml's dlopen of the same SONAME
+            self._emulated = True
+        self._call("host", pynvml.nvmlInit)
+        self.driver_version = _text(self._call("host", pynvml.nvmlSystemGetDriverVersion))
+        self.inventory = self._enumerate()
+        ctx.log.info("GPU inventory%s: %d GPUs, driver %s: %s", " (EMULATED NVML)" if self._emulated else "",
+                     len(self.inventory), self.driver_version,
+                     "; ".join(f"{g.bus} {g.name} {g.uuid}" for g in self.inventory))
+        for g in self.inventory:
+            try:
+                self._static(g)
+            except pynvml.NVMLError_GpuIsLost:
+                g.lost = True  # the first poll reports it
+        self._initialized = True
+
+    def _enumerate(self) -> list[_Gpu]:
+        out = []
+        for i in range(self._call("host", pynvml.nvmlDeviceGetCount)):
+            h = self._call("host", pynvml.nvmlDeviceGetHandleByIndex, i)
+            try:
+                bus = normalize_bus_id(_text(self._call(f"gpu/index{i}", pynvml.nvmlDeviceGetPciInfo, h).busId))
+                comp = f"gpu/{bus}"
+                out.append(_Gpu(handle=h, bus=bus, name=_text(self._call(comp, pynvml.nvmlDeviceGetName, h)),
+                                uuid=_text(self._call(comp, pynvml.nvmlDeviceGetUUID, h))))
+            except pynvml.NVMLError:  # lost before we could read who it is: known by its index
+                out.append(_Gpu(handle=h, bus=f"index{i}", name="", uuid="", lost=True))
+        return out
+
+    def _static(self, g: _Gpu) -> None:
+        """Per-GPU facts read once: thresholds, link maxima, which NVLinks are active at start."""
+        comp = f"gpu/{g.bus}"
+        g.slowdown = self._opt(comp, pynvml.nvmlDeviceGetTemperatureThreshold, g.handle,
+                               pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        g.shutdown = self._opt(comp, pynvml.nvmlDeviceGetTemperatureThreshold, g.handle,
+                               pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+        g.max_width = self._opt(comp, pynvml.nvmlDeviceGetMaxPcieLinkWidth, g.handle)
+        g.max_gen = self._opt(comp, pynvml.nvmlDeviceGetMaxPcieLinkGeneration, g.handle)
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self._call(comp, pynvml.nvmlDeviceGetNvLinkState, g.handle, link)
+            except pynvml.NVMLError:
+                break  # past the last link (INVALID_ARGUMENT) or no NVLink (NOT_SUPPORTED)
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                g.active_links.append(link)
+
+    def _opt(self, component: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """A call whose NOT_SUPPORTED means "no such feature here": None. Lost GPUs still raise."""
+        try:
+            return self._call(component, fn, *args)
+        except pynvml.NVMLError as e:
+            if e.value in _UNSUPPORTED:
+                return None
+            raise
+
+    # -- the poll ------------------------------------------------------------------------------
+    def poll(self, ctx: CheckContext) -> Sequence[Finding]:
+        cfg = self._config(ctx)
+        if not self._initialized:
+            try:
+                self._init(ctx, cfg)
+            except pynvml.NVMLError as e:
+                if cfg.expected_gpus:
+                    return [self._finding("host", "NVML_UNAVAILABLE", f"NVML unavailable: {e}",
+                                          error=str(e), expected_gpus=str(cfg.expected_gpus))]
+                ctx.log.info("NVML unavailable (%s); no GPUs expected", e)
+                return []
+        findings: list[Finding] = []
+        now = time.monotonic()
+        self._polls += 1
+        count = self._call("host", pynvml.nvmlDeviceGetCount)
+        if count != len(self.inventory):
+            present = {_address(self._call("host", pynvml.nvmlDeviceGetHandleByIndex, i)) for i in range(count)}
+            for g in self.inventory:
+                if _address(g.handle) not in present:
+                    g.lost = True
+                    findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"GPU {g.bus} vanished from NVML",
+                                                  reason="vanished", uuid=g.uuid))
+        if cfg.expected_gpus and count < cfg.expected_gpus:
+            findings.append(self._finding("host", "GPU_LOST", f"NVML sees {count} GPUs, {cfg.expected_gpus} expected",
+                                          reason="count", found=str(count), expected=str(cfg.expected_gpus)))
+        pids: set[int] = set()
+        utils: list[int] = []
+        for g in self.inventory:
+            if g.lost and any(f.component == f"gpu/{g.bus}" for f in findings):
+                continue
+            try:
+                findings += self._poll_gpu(g, cfg, now, pids, utils)
+            except pynvml.NVMLError_GpuIsLost:
+                g.lost = True
+                findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"NVML: GPU {g.bus} is lost",
+                                              reason="NVML_ERROR_GPU_IS_LOST", uuid=g.uuid))
+        findings += self._stall(ctx, cfg, now, pids, utils)
+        return findings
+
+    def _poll_gpu(self, g: _Gpu, cfg: GpuConfig, now: float, pids: set[int], utils: list[int]) -> list[Finding]:
+        comp, h = f"gpu/{g.bus}", g.handle
+        out: list[Finding] = []
+
+        def f(code: str, msg: str, sev: Severity | None = None, act: Action | None = None, **ev: str) -> None:
+            out.append(self._finding(comp, code, msg, sev, act, **ev))
+
+        temp = self._temperature(comp, h)
+        if temp is not None and g.shutdown and temp >= g.shutdown - cfg.temp_critical_margin:
+            f("GPU_TEMP_HIGH", f"GPU at {temp} °C, shutdown at {g.shutdown} °C", Severity.CRITICAL,
+              Action.HW_INSPECT, temperature=str(temp), shutdown=str(g.shutdown), slowdown=str(g.slowdown))
+        elif temp is not None and g.slowdown and temp >= g.slowdown - cfg.temp_warn_margin:
+            f("GPU_TEMP_HIGH", f"GPU at {temp} °C, slowdown threshold {g.slowdown} °C", Severity.WARNING,
+              Action.NONE, temperature=str(temp), slowdown=str(g.slowdown))
+
+        reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, h) or 0
+        hw = [name for bit, name in HW_REASONS.items() if reasons & bit]
+        if not hw:
+            g.slowdown_since = None
+        else:
+            g.slowdown_since = now if g.slowdown_since is None else g.slowdown_since
+            if now - g.slowdown_since >= cfg.slowdown_window:
+                f("GPU_HW_SLOWDOWN", f"clocks held down by {', '.join(hw)} for {now - g.slowdown_since:.0f}s",
+                  reasons=",".join(hw), mask=hex(reasons), since=f"{now - g.slowdown_since:.0f}s")
+
+        dbe = self._opt(comp, pynvml.nvmlDeviceGetTotalEccErrors, h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                        pynvml.NVML_VOLATILE_ECC)
+        if dbe:
+            f("GPU_ECC_DBE", f"{dbe} uncorrectable ECC errors since the last GPU reset", count=str(dbe))
+
+        rows = self._opt(comp, pynvml.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            ev = {"correctable_rows": str(corr), "uncorrectable_rows": str(unc)}
+            if pending:
+                f("GPU_ROW_REMAP_PENDING", "row remap pending: reset the GPU to apply it", **ev)
+            if failure:
+                f("GPU_ROW_REMAP_FAILURE", "row remapping failed", **ev)
+
+        util = self._opt(comp, pynvml.nvmlDeviceGetUtilizationRates, h)
+        busy = util.gpu if util is not None else 0
+        if util is not None:
+            utils.append(util.gpu)
+        width = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
+        gen = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        if width is not None and g.max_width and width < g.max_width:
+            f("GPU_PCIE_WIDTH_DEGRADED", f"PCIe link x{width}, max x{g.max_width}", width=str(width),
+              max_width=str(g.max_width), generation=str(gen))
+        elif gen is not None and g.max_gen and gen < g.max_gen and busy > cfg.busy_utilization:
+            f("GPU_PCIE_WIDTH_DEGRADED", f"PCIe Gen{gen} while busy ({busy}%), max Gen{g.max_gen}",
+              generation=str(gen), max_generation=str(g.max_gen), utilization=str(busy))
+
+        replay = self._opt(comp, pynvml.nvmlDeviceGetPcieReplayCounter, h)
+        if replay is not None:
+            g.replays.append((now, replay))
+            while g.replays and now - g.replays[0][0] > cfg.replay_window:
+                g.replays.popleft()
+            rise = replay - g.replays[0][1]
+            per_lane = cfg.replay_per_lane_per_min or 0.96 * 2.0 ** ((g.max_gen or 4) - 4)
+            limit = per_lane * (g.max_width or 16) * cfg.replay_window / 60.0
+            if rise > limit:
+                f("GPU_PCIE_REPLAY_RISING", f"{rise} PCIe replays in {cfg.replay_window:g}s (limit {limit:.0f})",
+                  replays=str(rise), window=f"{cfg.replay_window:g}s", counter=str(replay))
+
+        down, rising = [], []
+        counters = self._polls % cfg.nvlink_counters_every == 0
+        for link in g.active_links:
+            if self._opt(comp, pynvml.nvmlDeviceGetNvLinkState, h, link) == pynvml.NVML_FEATURE_DISABLED:
+                down.append(str(link))
+            for counter, cname in NVLINK_COUNTERS.items() if counters else ():
+                value = self._opt(comp, pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+                if value is None:
+                    continue
+                before = g.nvlink_errors.get((link, counter))
+                g.nvlink_errors[(link, counter)] = value
+                if before is not None and value > before:
+                    rising.append(f"link{link}.{cname}+{value - before}")
+        if down:
+            f("GPU_NVLINK_DOWN", f"NVLink {', '.join(down)} inactive (active at start)", links=",".join(down))
+        if rising:
+            f("GPU_NVLINK_ERRORS", f"NVLink errors rising: {', '.join(rising)}", increases=",".join(rising))
+
+        try:
+            self._call(comp, pynvml.nvmlDeviceGetPowerUsage, h)
+        except pynvml.NVMLError_GpuIsLost:
+            raise
+        except pynvml.NVMLError as e:
+            f("GPU_POWER_UNREADABLE", f"power draw unreadable: {e}", error=str(e))
+
+        procs = self._opt(comp, pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
+        pids.update(int(p.pid) for p in procs)
+        return out
+
+    def _temperature(self, comp: str, h: Any) -> int | None:
+        try:
+            return int(self._call(comp, pynvml.nvmlDeviceGetTemperatureV, h, pynvml.NVML_TEMPERATURE_GPU))
+        except pynvml.NVMLError as e:
+            if e.value not in _UNSUPPORTED:
+                raise
+        value = self._opt(comp, pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
+        return None if value is None else int(value)
+
+    # -- hang signal ---------------------------------------------------------------------------
+    def _stall(self, ctx: CheckContext, cfg: GpuConfig, now: float, pids: set[int], utils: list[int]) -> list[Finding]:
+        """TRAINING_STALLED: processes alive, every GPU ~idle and RDMA/NIC traffic ~0 for stall_after."""
+        if not pids or not utils or max(utils) > cfg.stall_utilization:
+            self._stall_since, self._traffic = None, None
+            return []
+        total = read_traffic_bytes(ctx.roots.sys)
+        prev, self._traffic = self._traffic, (now, total)
+        if prev is None or now <= prev[0]:
+            return []
+        rate = (total - prev[1]) / (now - prev[0])
+        if rate < 0 or rate > cfg.stall_traffic_bytes_per_s:
+            self._stall_since = None
+            return []
+        self._stall_since = prev[0] if self._stall_since is None else self._stall_since
+        idle = now - self._stall_since
+        if idle < cfg.stall_after:
+            return []
+        return [self._finding("host", "TRAINING_STALLED",
+                              f"{len(pids)} GPU processes alive, GPUs idle and network quiet for {idle:.0f}s",
+                              pids=",".join(str(p) for p in sorted(pids)), max_utilization=f"{max(utils)}%",
+                              traffic_bytes_per_s=f"{rate:.0f}", idle_for=f"{idle:.0f}s")]
+
+
+def read_traffic_bytes(sys_root: str) -> int:
+    """RDMA (InfiniBand/RoCE port data, counted in 4-byte words) plus NIC bytes, all ports, both ways."""
+    total = 0
+    ib = os.path.join(sys_root, "class", "infiniband", "*", "ports", "*", "counters")
+    for path in glob.glob(os.path.join(ib, "port_xmit_data")) + glob.glob(os.path.join(ib, "port_rcv_data")):
+        total += 4 * _read_int(path)
+    net = os.path.join(sys_root, "class", "net", "*", "statistics")
+    for path in glob.glob(os.path.join(net, "rx_bytes")) + glob.glob(os.path.join(net, "tx_bytes")):
+        if os.path.basename(os.path.dirname(os.path.dirname(path))) != "lo":
+            total += _read_int(path)
+    return total
+
+
+def _read_int(path: str) -> int:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0

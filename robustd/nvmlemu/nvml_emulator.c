@@ -1,0 +1,514 @@
+/*
+ * robustd's NVML emulator: a libnvidia-ml.so.1 for hosts without an NVIDIA driver.
+ *
+ * Compiled against NVIDIA's own nvml.h (PyPI nvidia-nvml-dev), so every signature and struct
+ * is the real one and the real pynvml code path runs end to end. The emulated GPUs come from
+ * a text state file named by $ROBUSTD_NVML_EMULATOR_STATE (format: robustd/nvmlemu/state.py),
+ * read at nvmlInit and re-read whenever it changes: every call stats it (cheap), so a test or
+ * `robustctl sim` can inject a fault into a running daemon.
+ *
+ * Per-GPU faults: "lost" (calls return NVML_ERROR_GPU_IS_LOST), "hang" (calls block until the
+ * fault is cleared from the file, as a GPU that fell off the bus does), "vanish" (the GPU drops
+ * out of the device count; its old handle reports GPU_IS_LOST). Metric faults are just values.
+ * Calls robustd does not use are generated stubs returning NVML_ERROR_NOT_SUPPORTED (build.py).
+ */
+#define NVML_NO_UNVERSIONED_FUNC_DEFS 1
+#include <nvml.h>
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define EMU_MAX_GPUS 16
+#define EMU_MAX_LINKS 18
+#define EMU_MAX_PROCS 64
+#define EMU_ERR_COUNTERS 5
+#define EMU_STR 96
+#define EMU_HANG_POLL_NS 20000000L /* 20 ms between looks at the state file while hung */
+
+_Static_assert(NVML_ERROR_NOT_SUPPORTED == 3, "stubs.c returns 3 for NOT_SUPPORTED");
+
+struct emu_gpu {
+    char name[EMU_STR], uuid[EMU_STR], bus_id[EMU_STR];
+    unsigned int pci_device_id;
+    int temperature, temp_slowdown, temp_shutdown, temp_gpu_max;
+    unsigned long long reasons;
+    unsigned long long ecc_sbe_vol, ecc_dbe_vol, ecc_sbe_agg, ecc_dbe_agg;
+    unsigned int remap_cor, remap_unc, remap_pending, remap_failure;
+    unsigned int pcie_width, pcie_max_width, pcie_gen, pcie_max_gen, pcie_gpu_max_gen, pcie_replay;
+    unsigned int nvlink_count;
+    int nvlink_down[EMU_MAX_LINKS];
+    unsigned long long nvlink_errors[EMU_MAX_LINKS][EMU_ERR_COUNTERS];
+    long long power_mw;
+    unsigned int util_gpu, util_mem;
+    unsigned int nprocs;
+    unsigned int proc_pid[EMU_MAX_PROCS];
+    unsigned long long proc_mem[EMU_MAX_PROCS];
+    int lost, hang, vanish;
+};
+
+struct emu_state {
+    char driver_version[EMU_STR], nvml_version[EMU_STR];
+    int init_error;
+    unsigned int ngpus;
+    struct emu_gpu gpus[EMU_MAX_GPUS];
+};
+
+struct nvmlDevice_st {
+    unsigned int slot;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct emu_state state;
+static struct nvmlDevice_st handles[EMU_MAX_GPUS];
+static int init_count;
+static int have_state;
+static struct stat seen; /* identity of the file last read */
+
+/* ---- state file ------------------------------------------------------------------------- */
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t') s++;
+    char *end = s + strlen(s);
+    while (end > s && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) *--end = 0;
+    return s;
+}
+
+static void copy_str(char *dst, const char *src) { snprintf(dst, EMU_STR, "%s", src); }
+
+static unsigned long long num(const char *v) { return strtoull(v, NULL, 0); }
+
+static void parse_list(struct emu_gpu *g, const char *key, const char *value) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", value);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        tok = trim(tok);
+        if (!*tok) continue;
+        if (strcmp(key, "nvlink_down") == 0) {
+            long link = strtol(tok, NULL, 0);
+            if (link >= 0 && link < EMU_MAX_LINKS) g->nvlink_down[link] = 1;
+        } else if (strcmp(key, "nvlink_errors") == 0) {
+            unsigned long link = 0, counter = 0;
+            unsigned long long v = 0;
+            if (sscanf(tok, "%lu:%lu:%llu", &link, &counter, &v) == 3 && link < EMU_MAX_LINKS &&
+                counter < EMU_ERR_COUNTERS)
+                g->nvlink_errors[link][counter] = v;
+        } else if (strcmp(key, "processes") == 0) {
+            unsigned int pid = 0;
+            unsigned long long mem = 0;
+            if (sscanf(tok, "%u:%llu", &pid, &mem) >= 1 && g->nprocs < EMU_MAX_PROCS) {
+                g->proc_pid[g->nprocs] = pid;
+                g->proc_mem[g->nprocs++] = mem;
+            }
+        } else if (strcmp(key, "faults") == 0) {
+            if (strcmp(tok, "lost") == 0) g->lost = 1;
+            else if (strcmp(tok, "hang") == 0) g->hang = 1;
+            else if (strcmp(tok, "vanish") == 0) g->vanish = 1;
+        }
+    }
+}
+
+static void set_gpu_key(struct emu_gpu *g, const char *k, const char *v) {
+    if (strcmp(k, "name") == 0) copy_str(g->name, v);
+    else if (strcmp(k, "uuid") == 0) copy_str(g->uuid, v);
+    else if (strcmp(k, "bus_id") == 0) copy_str(g->bus_id, v);
+    else if (strcmp(k, "pci_device_id") == 0) g->pci_device_id = (unsigned int)num(v);
+    else if (strcmp(k, "temperature") == 0) g->temperature = atoi(v);
+    else if (strcmp(k, "temp_slowdown") == 0) g->temp_slowdown = atoi(v);
+    else if (strcmp(k, "temp_shutdown") == 0) g->temp_shutdown = atoi(v);
+    else if (strcmp(k, "temp_gpu_max") == 0) g->temp_gpu_max = atoi(v);
+    else if (strcmp(k, "clocks_event_reasons") == 0) g->reasons = num(v);
+    else if (strcmp(k, "ecc_sbe_volatile") == 0) g->ecc_sbe_vol = num(v);
+    else if (strcmp(k, "ecc_dbe_volatile") == 0) g->ecc_dbe_vol = num(v);
+    else if (strcmp(k, "ecc_sbe_aggregate") == 0) g->ecc_sbe_agg = num(v);
+    else if (strcmp(k, "ecc_dbe_aggregate") == 0) g->ecc_dbe_agg = num(v);
+    else if (strcmp(k, "remap_correctable") == 0) g->remap_cor = (unsigned int)num(v);
+    else if (strcmp(k, "remap_uncorrectable") == 0) g->remap_unc = (unsigned int)num(v);
+    else if (strcmp(k, "remap_pending") == 0) g->remap_pending = (unsigned int)num(v);
+    else if (strcmp(k, "remap_failure") == 0) g->remap_failure = (unsigned int)num(v);
+    else if (strcmp(k, "pcie_width") == 0) g->pcie_width = (unsigned int)num(v);
+    else if (strcmp(k, "pcie_max_width") == 0) g->pcie_max_width = (unsigned int)num(v);
+    else if (strcmp(k, "pcie_gen") == 0) g->pcie_gen = (unsigned int)num(v);
+    else if (strcmp(k, "pcie_max_gen") == 0) g->pcie_max_gen = (unsigned int)num(v);
+    else if (strcmp(k, "pcie_gpu_max_gen") == 0) g->pcie_gpu_max_gen = (unsigned int)num(v);
+    else if (strcmp(k, "pcie_replay") == 0) g->pcie_replay = (unsigned int)num(v);
+    else if (strcmp(k, "nvlink_count") == 0) {
+        unsigned long long n = num(v);
+        g->nvlink_count = n > EMU_MAX_LINKS ? EMU_MAX_LINKS : (unsigned int)n;
+    } else if (strcmp(k, "power_mw") == 0) g->power_mw = strtoll(v, NULL, 0);
+    else if (strcmp(k, "utilization_gpu") == 0) g->util_gpu = (unsigned int)num(v);
+    else if (strcmp(k, "utilization_memory") == 0) g->util_mem = (unsigned int)num(v);
+    else parse_list(g, k, v); /* nvlink_down, nvlink_errors, processes, faults; unknown keys ignored */
+}
+
+/* Parse into a fresh struct; 0 on success. The caller keeps the old state on failure. */
+static int read_state(const char *path, struct emu_state *out) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    memset(out, 0, sizeof *out);
+    copy_str(out->driver_version, "550.54.15");
+    copy_str(out->nvml_version, "12.550.54.15");
+    struct emu_gpu *g = NULL;
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char *s = trim(line);
+        if (!*s) continue;
+        unsigned int idx;
+        if (sscanf(s, "[gpu %u]", &idx) == 1) {
+            if (out->ngpus >= EMU_MAX_GPUS) break;
+            g = &out->gpus[out->ngpus++];
+            continue;
+        }
+        char *eq = strchr(s, '=');
+        if (!eq) continue;
+        *eq = 0;
+        char *k = trim(s), *v = trim(eq + 1);
+        if (g) set_gpu_key(g, k, v);
+        else if (strcmp(k, "driver_version") == 0) copy_str(out->driver_version, v);
+        else if (strcmp(k, "nvml_version") == 0) copy_str(out->nvml_version, v);
+        else if (strcmp(k, "init_error") == 0) out->init_error = atoi(v);
+    }
+    fclose(f);
+    return 0;
+}
+
+/* With the lock held: re-read the file if it was replaced or changed since the last read. */
+static void refresh_locked(void) {
+    const char *path = getenv("ROBUSTD_NVML_EMULATOR_STATE");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) return; /* keep the last good state */
+    if (have_state && st.st_ino == seen.st_ino && st.st_dev == seen.st_dev && st.st_size == seen.st_size &&
+        st.st_mtim.tv_sec == seen.st_mtim.tv_sec && st.st_mtim.tv_nsec == seen.st_mtim.tv_nsec)
+        return;
+    static struct emu_state fresh;
+    if (read_state(path, &fresh) == 0) {
+        state = fresh;
+        seen = st;
+        have_state = 1;
+    }
+}
+
+/* ---- call entry ------------------------------------------------------------------------- */
+
+/* Lock, refresh and resolve a handle to its GPU. On success returns NVML_SUCCESS with the lock
+ * held and *out set; the caller must unlock. A hung GPU blocks here until its fault is cleared. */
+static nvmlReturn_t enter(nvmlDevice_t device, struct emu_gpu **out) {
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        if (init_count <= 0) {
+            pthread_mutex_unlock(&lock);
+            return NVML_ERROR_UNINITIALIZED;
+        }
+        refresh_locked();
+        uintptr_t at = (uintptr_t)device, first = (uintptr_t)&handles[0];
+        if (at < first || at >= first + sizeof handles || (at - first) % sizeof handles[0]) {
+            pthread_mutex_unlock(&lock);
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        unsigned int slot = device->slot;
+        if (slot >= state.ngpus) {
+            pthread_mutex_unlock(&lock);
+            return NVML_ERROR_GPU_IS_LOST;
+        }
+        struct emu_gpu *g = &state.gpus[slot];
+        if (g->hang) {
+            pthread_mutex_unlock(&lock);
+            struct timespec ts = {0, EMU_HANG_POLL_NS};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (g->lost || g->vanish) {
+            pthread_mutex_unlock(&lock);
+            return NVML_ERROR_GPU_IS_LOST;
+        }
+        *out = g;
+        return NVML_SUCCESS;
+    }
+}
+
+static nvmlReturn_t leave(nvmlReturn_t ret) {
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+#define ENTER(device, g)                          \
+    struct emu_gpu *g = NULL;                     \
+    do {                                          \
+        nvmlReturn_t r_ = enter((device), &g);    \
+        if (r_ != NVML_SUCCESS) return r_;        \
+    } while (0)
+
+/* ---- init and system -------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    const char *path = getenv("ROBUSTD_NVML_EMULATOR_STATE");
+    pthread_mutex_lock(&lock);
+    have_state = 0;
+    if (!path || !*path) return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    refresh_locked();
+    if (!have_state) return leave(NVML_ERROR_DRIVER_NOT_LOADED);
+    if (state.init_error) return leave((nvmlReturn_t)state.init_error);
+    for (unsigned int i = 0; i < EMU_MAX_GPUS; i++) handles[i].slot = i;
+    init_count++;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&lock);
+    if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+    init_count--;
+    return leave(NVML_SUCCESS);
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_UNKNOWN: return "Unknown Error";
+    default: return "Unknown Error (emulated NVML)";
+    }
+}
+
+static nvmlReturn_t copy_out(char *dst, unsigned int length, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t system_string(char *dst, unsigned int length, int which) {
+    pthread_mutex_lock(&lock);
+    if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+    refresh_locked();
+    return leave(copy_out(dst, length, which ? state.nvml_version : state.driver_version));
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) { return system_string(version, length, 0); }
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) { return system_string(version, length, 1); }
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount) {
+    if (!deviceCount) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+    refresh_locked();
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < state.ngpus; i++) n += !state.gpus[i].vanish;
+    *deviceCount = n;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) { return nvmlDeviceGetCount_v2(deviceCount); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+    refresh_locked();
+    unsigned int seen_visible = 0;
+    for (unsigned int i = 0; i < state.ngpus; i++) {
+        if (state.gpus[i].vanish) continue;
+        if (seen_visible++ == index) {
+            *device = &handles[i];
+            return leave(NVML_SUCCESS);
+        }
+    }
+    return leave(NVML_ERROR_INVALID_ARGUMENT);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+/* ---- identity --------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    ENTER(device, g);
+    return leave(copy_out(name, length, g->name));
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    ENTER(device, g);
+    return leave(copy_out(uuid, length, g->uuid));
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    ENTER(device, g);
+    if (!index) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *index = (unsigned int)(g - state.gpus);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci) {
+    ENTER(device, g);
+    if (!pci) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof *pci);
+    unsigned int domain = 0, bus = 0, dev = 0, fn = 0;
+    sscanf(g->bus_id, "%x:%x:%x.%x", &domain, &bus, &dev, &fn);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = g->pci_device_id;
+    pci->pciSubSystemId = 0x16C110DE;
+    snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, domain, bus, dev);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT, domain, bus, dev);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(device, pci); }
+nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(device, pci); }
+
+/* ---- thermal and clocks ----------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, nvmlTemperatureSensors_t sensor, unsigned int *temp) {
+    ENTER(device, g);
+    if (!temp) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (sensor != NVML_TEMPERATURE_GPU) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *temp = (unsigned int)(g->temperature < 0 ? 0 : g->temperature);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_t *temperature) {
+    ENTER(device, g);
+    if (!temperature) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (temperature->version != nvmlTemperature_v1) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (temperature->sensorType != NVML_TEMPERATURE_GPU) return leave(NVML_ERROR_NOT_SUPPORTED);
+    temperature->temperature = g->temperature;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, nvmlTemperatureThresholds_t type,
+                                               unsigned int *temp) {
+    ENTER(device, g);
+    if (!temp) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    switch (type) {
+    case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: *temp = (unsigned int)g->temp_shutdown; break;
+    case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: *temp = (unsigned int)g->temp_slowdown; break;
+    case NVML_TEMPERATURE_THRESHOLD_GPU_MAX: *temp = (unsigned int)g->temp_gpu_max; break;
+    default: return leave(NVML_ERROR_NOT_SUPPORTED);
+    }
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons) {
+    ENTER(device, g);
+    if (!reasons) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = g->reasons;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
+    return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+/* ---- memory errors ---------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                         nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
+    ENTER(device, g);
+    if (!eccCounts || errorType >= NVML_MEMORY_ERROR_TYPE_COUNT || counterType >= NVML_ECC_COUNTER_TYPE_COUNT)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    int unc = errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED, vol = counterType == NVML_VOLATILE_ECC;
+    *eccCounts = unc ? (vol ? g->ecc_dbe_vol : g->ecc_dbe_agg) : (vol ? g->ecc_sbe_vol : g->ecc_sbe_agg);
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                       unsigned int *isPending, unsigned int *failureOccurred) {
+    ENTER(device, g);
+    if (!corrRows || !uncRows || !isPending || !failureOccurred) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *corrRows = g->remap_cor;
+    *uncRows = g->remap_unc;
+    *isPending = g->remap_pending;
+    *failureOccurred = g->remap_failure;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- PCIe ------------------------------------------------------------------------------- */
+
+#define UINT_GETTER(fn, field)                                        \
+    nvmlReturn_t fn(nvmlDevice_t device, unsigned int *value) {       \
+        ENTER(device, g);                                             \
+        if (!value) return leave(NVML_ERROR_INVALID_ARGUMENT);        \
+        *value = g->field;                                            \
+        return leave(NVML_SUCCESS);                                   \
+    }
+
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_max_width)
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, pcie_max_gen)
+UINT_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_gpu_max_gen)
+UINT_GETTER(nvmlDeviceGetPcieReplayCounter, pcie_replay)
+
+/* ---- NVLink ----------------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
+    ENTER(device, g);
+    if (!isActive || link >= g->nvlink_count) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *isActive = g->nvlink_down[link] ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link, nvmlNvLinkErrorCounter_t counter,
+                                             unsigned long long *counterValue) {
+    ENTER(device, g);
+    if (!counterValue || link >= g->nvlink_count || (unsigned int)counter >= EMU_ERR_COUNTERS)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *counterValue = g->nvlink_errors[link][counter];
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- power, utilization, processes ------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power) {
+    ENTER(device, g);
+    if (!power) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->power_mw < 0) return leave(NVML_ERROR_UNKNOWN);
+    *power = (unsigned int)g->power_mw;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization) {
+    ENTER(device, g);
+    if (!utilization) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    utilization->gpu = g->util_gpu;
+    utilization->memory = g->util_mem;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                     nvmlProcessInfo_t *infos) {
+    ENTER(device, g);
+    if (!infoCount) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (*infoCount < g->nprocs || (!infos && g->nprocs)) {
+        *infoCount = g->nprocs;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (unsigned int i = 0; i < g->nprocs; i++) {
+        infos[i].pid = g->proc_pid[i];
+        infos[i].usedGpuMemory = g->proc_mem[i];
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *infoCount = g->nprocs;
+    return leave(NVML_SUCCESS);
+}

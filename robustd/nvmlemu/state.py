@@ -1,0 +1,257 @@
+"""The NVML emulator's state file: what the emulated GPUs report, and which faults they have.
+
+The emulator (`nvml_emulator.c`) reads this file at nvmlInit and again whenever it changes
+(it stats the file on every call), so tests and `robustctl sim` edit a running node by
+rewriting it. Writes are atomic (a temp file renamed over the old one), so the emulator
+never reads half a file.
+
+Format (text, one `key = value` a line, `#` comments; numbers may be hex with 0x)::
+
+    driver_version = 550.54.15
+    nvml_version = 12.550.54.15
+    init_error = 0                # a non-zero NVML return code makes nvmlInit fail with it
+    [gpu 0]
+    name = NVIDIA H100 80GB HBM3
+    uuid = GPU-...
+    bus_id = 00000000:1B:00.0     # as NVML prints it: 8-digit domain, upper-case hex
+    temperature = 35
+    ...
+    nvlink_down = 3,7             # links that report inactive
+    nvlink_errors = 3:2:12        # link:counter:value (counter = nvmlNvLinkErrorCounter_t)
+    processes = 4242:1073741824   # pid:used bytes, the compute processes
+    faults = lost,hang            # lost | hang | vanish act in C; the rest are recorded here
+
+`lost`, `hang` and `vanish` are interpreted by the emulator. The metric faults (ecc-dbe,
+remap-pending, ...) are applied by `apply_fault` as changes to the metrics themselves and
+recorded in `faults` so that `clear` can undo them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field, fields
+
+ENV_VAR = "ROBUSTD_NVML_EMULATOR_STATE"
+MAX_GPUS = 16
+MAX_NVLINKS = 18
+
+# nvmlClocksEventReason* bits
+REASON_GPU_IDLE = 0x1
+REASON_HW_SLOWDOWN = 0x8
+REASON_HW_THERMAL = 0x40
+REASON_HW_POWER_BRAKE = 0x80
+HEALTHY_TEMPERATURE = 35
+IDLE_POWER_MW = 72_000
+
+FAULTS = ("lost", "hang", "vanish", "ecc-dbe", "remap-pending", "remap-failure", "hw-slowdown",
+          "nvlink-down", "nvlink-errors", "pcie-width", "pcie-replay", "power-unreadable")
+# DGX H100 GPU bus numbers; GPUs beyond eight get made-up ones.
+_DGX_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
+
+
+@dataclass
+class GpuState:
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = ""
+    bus_id: str = ""
+    pci_device_id: int = 0x233010DE
+    temperature: int = HEALTHY_TEMPERATURE
+    temp_slowdown: int = 87
+    temp_shutdown: int = 92
+    temp_gpu_max: int = 85
+    clocks_event_reasons: int = REASON_GPU_IDLE
+    ecc_sbe_volatile: int = 0
+    ecc_dbe_volatile: int = 0
+    ecc_sbe_aggregate: int = 0
+    ecc_dbe_aggregate: int = 0
+    remap_correctable: int = 0
+    remap_uncorrectable: int = 0
+    remap_pending: int = 0
+    remap_failure: int = 0
+    pcie_width: int = 16
+    pcie_max_width: int = 16
+    pcie_gen: int = 5
+    pcie_max_gen: int = 5
+    pcie_gpu_max_gen: int = 5
+    pcie_replay: int = 0
+    nvlink_count: int = MAX_NVLINKS
+    nvlink_down: str = ""
+    nvlink_errors: str = ""
+    power_mw: int = IDLE_POWER_MW  # -1: the power reading fails (NVML_ERROR_UNKNOWN)
+    utilization_gpu: int = 0
+    utilization_memory: int = 0
+    processes: str = ""
+    faults: str = ""
+
+    @property
+    def fault_list(self) -> list[str]:
+        return [f for f in self.faults.split(",") if f]
+
+
+@dataclass
+class EmulatorState:
+    driver_version: str = "550.54.15"
+    nvml_version: str = "12.550.54.15"
+    init_error: int = 0
+    gpus: list[GpuState] = field(default_factory=list)
+
+
+_GPU_FIELDS = {f.name: f.type for f in fields(GpuState)}
+_TOP_FIELDS = {"driver_version": "str", "nvml_version": "str", "init_error": "int"}
+
+
+def healthy_gpu(index: int) -> GpuState:
+    bus = _DGX_BUSES[index] if index < len(_DGX_BUSES) else 0x20 + index
+    return GpuState(uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, f'robustd-emulated-gpu-{index}')}",
+                    bus_id=f"00000000:{bus:02X}:00.0")
+
+
+def healthy_node(gpus: int) -> EmulatorState:
+    """A healthy H100-like node: idle GPUs, PCIe Gen5 x16, 18 NVLinks each, no errors."""
+    if not 0 <= gpus <= MAX_GPUS:
+        raise ValueError(f"the emulator holds 0 to {MAX_GPUS} GPUs, not {gpus}")
+    return EmulatorState(gpus=[healthy_gpu(i) for i in range(gpus)])
+
+
+# -- text form ---------------------------------------------------------------------------------
+def dumps(state: EmulatorState) -> str:
+    lines = ["# robustd NVML emulator state; edit with `robustctl sim`, read by libnvidia-ml.so.1 (emulated)",
+             f"driver_version = {state.driver_version}", f"nvml_version = {state.nvml_version}",
+             f"init_error = {state.init_error}"]
+    for i, gpu in enumerate(state.gpus):
+        lines.append(f"[gpu {i}]")
+        for name in _GPU_FIELDS:
+            value = getattr(gpu, name)
+            lines.append(f"{name} = {hex(value) if name in ('pci_device_id', 'clocks_event_reasons') else value}")
+    return "\n".join(lines) + "\n"
+
+
+def loads(text: str, source: str = "<state>") -> EmulatorState:
+    state = EmulatorState()
+    gpu: GpuState | None = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            parts = line[1:-1].split()
+            if len(parts) != 2 or parts[0] != "gpu" or not parts[1].isdigit() or int(parts[1]) != len(state.gpus):
+                raise ValueError(f"{source}:{n}: expected [gpu {len(state.gpus)}], got {line!r}")
+            if len(state.gpus) >= MAX_GPUS:
+                raise ValueError(f"{source}:{n}: at most {MAX_GPUS} GPUs")
+            gpu = GpuState()
+            state.gpus.append(gpu)
+            continue
+        key, sep, value = (s.strip() for s in line.partition("="))
+        if not sep:
+            raise ValueError(f"{source}:{n}: expected key = value, got {line!r}")
+        kinds = _GPU_FIELDS if gpu is not None else _TOP_FIELDS
+        if key not in kinds:
+            raise ValueError(f"{source}:{n}: unknown key {key!r}")
+        try:
+            parsed: object = int(value, 0) if kinds[key] == "int" else value
+        except ValueError:
+            raise ValueError(f"{source}:{n}: {key} must be a number, got {value!r}") from None
+        setattr(gpu if gpu is not None else state, key, parsed)
+    return state
+
+
+def load(path: str) -> EmulatorState:
+    with open(path, encoding="utf-8") as f:
+        return loads(f.read(), path)
+
+
+def save(path: str, state: EmulatorState) -> None:
+    """Atomic replace: the emulator sees the old file or the new one, never a mix."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".nvml-state-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(dumps(state))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- edits -------------------------------------------------------------------------------------
+def _gpu(state: EmulatorState, index: int) -> GpuState:
+    if not 0 <= index < len(state.gpus):
+        raise ValueError(f"no GPU {index}: the state has {len(state.gpus)} GPUs")
+    return state.gpus[index]
+
+
+def set_value(state: EmulatorState, index: int, key: str, value: str) -> None:
+    """Set one metric of one GPU (`temperature`, `utilization_gpu`, ...); dashes read as underscores."""
+    key = key.replace("-", "_")
+    gpu = _gpu(state, index)
+    if key not in _GPU_FIELDS or key == "faults":
+        raise ValueError(f"unknown GPU key {key!r} (known: {', '.join(k for k in _GPU_FIELDS if k != 'faults')})")
+    if _GPU_FIELDS[key] == "int":
+        try:
+            setattr(gpu, key, int(value, 0))
+        except ValueError:
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+    else:
+        setattr(gpu, key, value)
+
+
+def _links(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def apply_fault(state: EmulatorState, index: int, fault: str, link: int = 0) -> None:
+    """Inject one fault into GPU `index`; metric faults change the metrics a real fault would."""
+    gpu = _gpu(state, index)
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
+    if fault == "ecc-dbe":
+        gpu.ecc_dbe_volatile += 1
+        gpu.ecc_dbe_aggregate += 1
+    elif fault == "remap-pending":
+        gpu.remap_uncorrectable += 1
+        gpu.remap_pending = 1
+    elif fault == "remap-failure":
+        gpu.remap_failure = 1
+    elif fault == "hw-slowdown":
+        gpu.clocks_event_reasons = (gpu.clocks_event_reasons | REASON_HW_SLOWDOWN) & ~REASON_GPU_IDLE
+    elif fault == "nvlink-down":
+        if not 0 <= link < gpu.nvlink_count:
+            raise ValueError(f"GPU {index} has links 0-{gpu.nvlink_count - 1}, not {link}")
+        gpu.nvlink_down = ",".join(str(x) for x in sorted(set(_links(gpu.nvlink_down)) | {link}))
+    elif fault == "nvlink-errors":
+        entries = [e for e in gpu.nvlink_errors.split(",") if e]
+        counts = {tuple(map(int, e.split(":")[:2])): int(e.split(":")[2]) for e in entries}
+        counts[(link, 2)] = counts.get((link, 2), 0) + 10  # DL_CRC_FLIT
+        gpu.nvlink_errors = ",".join(f"{lk}:{c}:{v}" for (lk, c), v in sorted(counts.items()))
+    elif fault == "pcie-width":
+        gpu.pcie_width = max(1, gpu.pcie_max_width // 2)
+    elif fault == "pcie-replay":
+        gpu.pcie_replay += 1000
+    elif fault == "power-unreadable":
+        gpu.power_mw = -1
+    if fault not in gpu.fault_list:
+        gpu.faults = ",".join([*gpu.fault_list, fault])
+
+
+def clear(state: EmulatorState, index: int) -> None:
+    """Undo GPU `index`'s faults as a GPU reset would: volatile ECC, pending remaps, links, width.
+
+    Aggregate counters (lifetime ECC, remapped rows, replays, NVLink errors) stay, as on hardware;
+    the temperature goes back to an idle GPU's.
+    """
+    gpu = _gpu(state, index)
+    gpu.faults = ""
+    gpu.ecc_dbe_volatile = gpu.ecc_sbe_volatile = 0
+    gpu.remap_pending = gpu.remap_failure = 0
+    gpu.clocks_event_reasons &= ~(REASON_HW_SLOWDOWN | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE)
+    if gpu.utilization_gpu == 0:
+        gpu.clocks_event_reasons |= REASON_GPU_IDLE
+    gpu.nvlink_down = ""
+    gpu.pcie_width = gpu.pcie_max_width
+    gpu.power_mw = IDLE_POWER_MW if gpu.power_mw < 0 else gpu.power_mw
+    gpu.temperature = HEALTHY_TEMPERATURE

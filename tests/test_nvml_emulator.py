@@ -1,0 +1,192 @@
+"""The NVML emulator under the real pynvml, each run in a child process so this one never loads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from robustd.nvmlemu import build
+from robustd.nvmlemu import state as emu
+
+REPO = Path(__file__).resolve().parent.parent
+
+PRELUDE = """
+import ctypes, json, os, sys, threading, time
+ctypes.CDLL(os.environ["EMU_LIB"], mode=ctypes.RTLD_GLOBAL)
+import pynvml as n
+from robustd.nvmlemu import state as emu
+PATH = os.environ["ROBUSTD_NVML_EMULATOR_STATE"]
+def code(fn, *a):
+    try:
+        fn(*a)
+        return 0
+    except n.NVMLError as e:
+        return e.value
+def edit(f):
+    s = emu.load(PATH); f(s); emu.save(PATH, s)
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build.build_emulator(str(tmp_path_factory.mktemp("nvmlemu")))
+
+
+def run(lib: str, state: Path | None, body: str, timeout: float = 30) -> Any:
+    env = {**os.environ, "EMU_LIB": lib, "ROBUSTD_NVML_EMULATOR_STATE": str(state) if state else ""}
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    path = tmp_path / "nvml.state"
+    emu.save(str(path), emu.healthy_node(8))
+    return path
+
+
+def test_library_has_the_nvml_soname_and_rebuilds_only_when_stale(lib: str) -> None:
+    with open(lib, "rb") as f:
+        assert b"libnvidia-ml.so.1" in f.read()  # the DT_SONAME string
+    before = os.stat(lib).st_mtime_ns
+    assert build.build_emulator(os.path.dirname(lib)) == lib
+    assert os.stat(lib).st_mtime_ns == before
+    stubs = build.stub_source("nvmlReturn_t DECLDIR nvmlDeviceGetFanSpeed(nvmlDevice_t d, unsigned int *s);\n"
+                              "nvmlReturn_t DECLDIR nvmlDeviceGetName(nvmlDevice_t d, char *n, unsigned int l);",
+                              "nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name) {")
+    assert "nvmlDeviceGetFanSpeed(void) { return 3; }" in stubs and "nvmlDeviceGetName" not in stubs
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no cc
+    with pytest.raises(build.BuildError, match="gcc"):
+        build.build_emulator(str(tmp_path / "out"))
+
+
+def test_inventory_through_pynvml(lib: str, node: Path) -> None:
+    got = run(lib, node, """
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        links = [n.nvmlDeviceGetNvLinkState(h, i) for i in range(18)]
+        procs_before = n.nvmlDeviceGetComputeRunningProcesses(h)
+        edit(lambda s: setattr(s.gpus[0], "processes", "4242:1048576,777:0"))
+        procs = [(p.pid, p.usedGpuMemory) for p in n.nvmlDeviceGetComputeRunningProcesses(h)]
+        print(json.dumps({
+            "driver": n.nvmlSystemGetDriverVersion(), "nvml": n.nvmlSystemGetNVMLVersion(),
+            "count": n.nvmlDeviceGetCount(), "name": n.nvmlDeviceGetName(h), "uuid": n.nvmlDeviceGetUUID(h),
+            "bus": n.nvmlDeviceGetPciInfo(h).busId,
+            "bus7": n.nvmlDeviceGetPciInfo(n.nvmlDeviceGetHandleByIndex(7)).busId,
+            "temp": n.nvmlDeviceGetTemperatureV(h, n.NVML_TEMPERATURE_GPU),
+            "temp_legacy": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+            "slowdown": n.nvmlDeviceGetTemperatureThreshold(h, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+            "shutdown": n.nvmlDeviceGetTemperatureThreshold(h, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+            "reasons": n.nvmlDeviceGetCurrentClocksEventReasons(h),
+            "dbe": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+            "rows": n.nvmlDeviceGetRemappedRows(h),
+            "pcie": [n.nvmlDeviceGetCurrPcieLinkWidth(h), n.nvmlDeviceGetMaxPcieLinkWidth(h),
+                     n.nvmlDeviceGetCurrPcieLinkGeneration(h), n.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                     n.nvmlDeviceGetGpuMaxPcieLinkGeneration(h), n.nvmlDeviceGetPcieReplayCounter(h)],
+            "links": links, "link18": code(n.nvmlDeviceGetNvLinkState, h, 18),
+            "nvlink_err": n.nvmlDeviceGetNvLinkErrorCounter(h, 0, n.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+            "power": n.nvmlDeviceGetPowerUsage(h), "util": n.nvmlDeviceGetUtilizationRates(h).gpu,
+            "procs_before": len(procs_before), "procs": procs,
+            "unimplemented": code(n.nvmlDeviceGetFanSpeed, h),
+            "bad_index": code(n.nvmlDeviceGetHandleByIndex, 8),
+        }))
+        n.nvmlShutdown()
+    """)
+    assert (got["driver"], got["nvml"], got["count"]) == ("550.54.15", "12.550.54.15", 8)
+    assert got["name"] == "NVIDIA H100 80GB HBM3" and got["uuid"].startswith("GPU-")
+    assert (got["bus"], got["bus7"]) == ("00000000:1B:00.0", "00000000:DF:00.0")  # as real NVML prints it
+    assert (got["temp"], got["temp_legacy"], got["slowdown"], got["shutdown"]) == (35, 35, 87, 92)
+    assert got["reasons"] == 0x1 and got["dbe"] == 0 and got["rows"] == [0, 0, 0, 0]
+    assert got["pcie"] == [16, 16, 5, 5, 5, 0]
+    assert got["links"] == [1] * 18 and got["link18"] == 2  # INVALID_ARGUMENT past the last link
+    assert got["nvlink_err"] == 0 and got["power"] == 72000 and got["util"] == 0
+    assert got["procs_before"] == 0 and got["procs"] == [[4242, 1048576], [777, 0]]
+    assert got["unimplemented"] == 3 and got["bad_index"] == 2  # NOT_SUPPORTED, INVALID_ARGUMENT
+
+
+def test_each_fault_gives_its_nvml_answer(lib: str, node: Path) -> None:
+    got = run(lib, node, """
+        n.nvmlInit()
+        h = [n.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
+        for i, fault in enumerate(["lost", "ecc-dbe", "remap-pending", "remap-failure", "hw-slowdown",
+                                   "nvlink-down", "pcie-width", "power-unreadable"]):
+            edit(lambda s: emu.apply_fault(s, i, fault, link=2))
+        out = {
+            "lost": code(n.nvmlDeviceGetName, h[0]),
+            "lost_temp": code(n.nvmlDeviceGetTemperatureV, h[0], 0),
+            "dbe": n.nvmlDeviceGetTotalEccErrors(h[1], 1, n.NVML_VOLATILE_ECC),
+            "pending": n.nvmlDeviceGetRemappedRows(h[2]),
+            "failure": n.nvmlDeviceGetRemappedRows(h[3]),
+            "reasons": n.nvmlDeviceGetCurrentClocksEventReasons(h[4]),
+            "link2": n.nvmlDeviceGetNvLinkState(h[5], 2), "link1": n.nvmlDeviceGetNvLinkState(h[5], 1),
+            "width": n.nvmlDeviceGetCurrPcieLinkWidth(h[6]),
+            "power": code(n.nvmlDeviceGetPowerUsage, h[7]),
+        }
+        edit(lambda s: emu.apply_fault(s, 3, "vanish"))
+        out["count_after_vanish"] = n.nvmlDeviceGetCount()
+        out["vanished_handle"] = code(n.nvmlDeviceGetName, h[3])
+        out["index3_now"] = n.nvmlDeviceGetPciInfo(n.nvmlDeviceGetHandleByIndex(3)).busId
+        edit(lambda s: [emu.clear(s, i) for i in range(8)])
+        out["cleared"] = [code(n.nvmlDeviceGetName, x) for x in h]
+        out["count_cleared"] = n.nvmlDeviceGetCount()
+        out["dbe_cleared"] = n.nvmlDeviceGetTotalEccErrors(h[1], 1, n.NVML_VOLATILE_ECC)
+        out["dbe_aggregate"] = n.nvmlDeviceGetTotalEccErrors(h[1], 1, n.NVML_AGGREGATE_ECC)
+        print(json.dumps(out))
+    """)
+    assert got["lost"] == got["lost_temp"] == 15  # NVML_ERROR_GPU_IS_LOST
+    assert got["dbe"] == 1
+    assert got["pending"] == [0, 1, 1, 0] and got["failure"] == [0, 0, 0, 1]
+    assert got["reasons"] & 0x8
+    assert (got["link2"], got["link1"]) == (0, 1)
+    assert got["width"] == 8 and got["power"] == 999  # NVML_ERROR_UNKNOWN
+    assert got["count_after_vanish"] == 7 and got["vanished_handle"] == 15
+    assert got["index3_now"] == "00000000:9D:00.0"  # the GPUs after it move up
+    assert got["cleared"] == [0] * 8 and got["count_cleared"] == 8
+    assert (got["dbe_cleared"], got["dbe_aggregate"]) == (0, 1)
+
+
+def test_hang_blocks_only_that_gpu_until_cleared(lib: str, node: Path) -> None:
+    got = run(lib, node, """
+        n.nvmlInit()
+        h0, h1 = n.nvmlDeviceGetHandleByIndex(0), n.nvmlDeviceGetHandleByIndex(1)
+        edit(lambda s: emu.apply_fault(s, 0, "hang"))
+        result = {}
+        t0 = time.monotonic()
+        def call():
+            result["temp"] = n.nvmlDeviceGetTemperatureV(h0, 0)
+            result["returned_after"] = time.monotonic() - t0
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(1.0)
+        blocked = t.is_alive()
+        other = n.nvmlDeviceGetName(h1)  # the other GPUs still answer
+        count = n.nvmlDeviceGetCount()
+        edit(lambda s: emu.clear(s, 0))
+        t.join(3.0)
+        print(json.dumps({"blocked": blocked, "other": other, "count": count, "alive": t.is_alive(), **result}))
+    """)
+    assert got["blocked"] and got["other"] == "NVIDIA H100 80GB HBM3" and got["count"] == 8
+    assert not got["alive"] and got["temp"] == 35 and got["returned_after"] >= 1.0
+
+
+def test_init_without_state_or_with_a_driver_error(lib: str, node: Path) -> None:
+    got = run(lib, None, """
+        print(json.dumps({"no_state": code(n.nvmlInit), "before_init": code(n.nvmlDeviceGetCount)}))
+    """)
+    assert got == {"no_state": 9, "before_init": 1}  # DRIVER_NOT_LOADED; UNINITIALIZED
+    st = emu.load(str(node))
+    st.init_error = 18  # LIB_RM_VERSION_MISMATCH
+    emu.save(str(node), st)
+    assert run(lib, node, "print(json.dumps(code(n.nvmlInit)))") == 18
