@@ -24,12 +24,19 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml | deps
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
+# With an NVIDIA driver the dev config reads the real GPUs; without one, an emulated 8-GPU node.
+HAVE_DRIVER := $(wildcard /proc/driver/nvidia/version)
+DEV_CONFIG ?= $(if $(HAVE_DRIVER),etc/robustd.dev.yaml,etc/robustd.dev-emulated.yaml)
+
 run: $(STAMP)
 	@mkdir -p run var
-	@echo "robustd (dev config etc/robustd.dev.yaml): socket ./run/robustd.sock, state ./var/"
+	@if [ "$(DEV_CONFIG)" = etc/robustd.dev-emulated.yaml ] && [ ! -f var/nvml.state ]; then \
+	  $(VENV)/bin/robustctl sim --state var/nvml.state init --gpus 8; fi
+	@echo "robustd with $(DEV_CONFIG): socket ./run/robustd.sock, state ./var/, metrics http://127.0.0.1:9400/metrics"
 	@echo "In another shell:  export ROBUSTD_SOCKET=$$PWD/run/robustd.sock; $(VENV)/bin/robustctl status"
-	@echo "Inject a fault:    echo 'NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.' | sudo tee /dev/kmsg"
-	exec $(VENV)/bin/robustd --config etc/robustd.dev.yaml
+	@echo "Inject a fault:    echo 'NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=python, GPU has fallen off the bus.' | sudo tee /dev/kmsg"
+	@if [ -z "$(HAVE_DRIVER)" ]; then echo "Emulated GPUs:     $(VENV)/bin/robustctl sim --state var/nvml.state fault gpu 3 ecc-dbe"; fi
+	exec $(VENV)/bin/robustd --config $(DEV_CONFIG)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import Any, Literal
 import pynvml
 from pydantic import Field, model_validator
 
+from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
@@ -77,23 +77,22 @@ class _Gpu:
 
 
 class _Current:
-    """Which GPU and NVML call the poll thread is in; read by timeout_findings from the event loop."""
+    """Which GPU and NVML call the poll thread is in; read by timeout_findings from the event loop.
+
+    One tuple assigned at a time: the read is atomic in CPython, so no lock (this runs per call).
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._value: tuple[str, str, float] | None = None
 
     def set(self, component: str, call: str) -> None:
-        with self._lock:
-            self._value = (component, call, time.monotonic())
+        self._value = (component, call, time.monotonic())
 
     def clear(self) -> None:
-        with self._lock:
-            self._value = None
+        self._value = None
 
     def get(self) -> tuple[str, str, float] | None:
-        with self._lock:
-            return self._value
+        return self._value
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -432,7 +431,6 @@ def read_traffic_bytes(sys_root: str) -> int:
 
 def _read_int(path: str) -> int:
     try:
-        with open(path, encoding="ascii") as f:
-            return int(f.read().strip() or 0)
+        return int(read_text(path).strip() or 0)
     except (OSError, ValueError):
         return 0

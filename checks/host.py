@@ -30,6 +30,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from checks.pcie import Counter
+from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
@@ -164,9 +165,6 @@ class HostConfig(CheckConfig):
 
 
 # -- the check ------------------------------------------------------------------------------------
-def _read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
 
 
 def _disk_component(path: str) -> str:
@@ -204,7 +202,7 @@ class HostCheck(Check):
     def _mounts(ctx: CheckContext) -> list[Mount]:
         for parts in (("1", "mounts"), ("self", "mounts"), ("mounts",)):
             try:
-                return parse_mounts(_read(ctx.roots.proc_path(*parts)))
+                return parse_mounts(read_text(ctx.roots.proc_path(*parts)))
             except OSError:
                 continue
         raise OSError(f"no readable mount table under {ctx.roots.proc}")
@@ -259,7 +257,7 @@ class HostCheck(Check):
     def _ioerrors(self, ctx: CheckContext, device: str, component: str, where: Mapping[str, str],
                   now: float) -> list[Finding]:
         try:  # SCSI (sd*) only; NVMe, virtio and dm have no such counter (see the module doc)
-            count = parse_count(_read(ctx.roots.sys_path("block", device, "device", "ioerr_cnt")))
+            count = parse_count(read_text(ctx.roots.sys_path("block", device, "device", "ioerr_cnt")))
         except (OSError, ValueError):
             return []
         counter = self._ioerr.get(device)
@@ -280,7 +278,7 @@ class HostCheck(Check):
         reasons: list[str] = []
         evidence: dict[str, str] = {}
         try:
-            psi = parse_psi(_read(ctx.roots.proc_path("pressure", "memory")))
+            psi = parse_psi(read_text(ctx.roots.proc_path("pressure", "memory")))
         except (OSError, ValueError):
             psi = {}  # no PSI (kernel without CONFIG_PSI, or psi=0): MemAvailable alone decides
         for kind, limit in (("some", cfg.psi_some_avg10), ("full", cfg.psi_full_avg10)):
@@ -289,7 +287,7 @@ class HostCheck(Check):
                 if psi[kind].avg10 >= limit:
                     reasons.append(f"PSI {kind} avg10 {psi[kind].avg10:g}% >= {limit:g}%")
         try:
-            info = parse_meminfo(_read(ctx.roots.proc_path("meminfo")))
+            info = parse_meminfo(read_text(ctx.roots.proc_path("meminfo")))
         except OSError:
             info = {}
         total, avail = info.get("MemTotal"), info.get("MemAvailable")
@@ -315,7 +313,7 @@ class HostCheck(Check):
             counts: dict[str, int] = {}
             for kind in ("ce", "ue"):
                 try:
-                    counts[kind] = parse_count(_read(os.path.join(base, mc, f"{kind}_count")))
+                    counts[kind] = parse_count(read_text(os.path.join(base, mc, f"{kind}_count")))
                 except (OSError, ValueError):
                     continue
             known = self._edac.setdefault(mc, {})

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from checks.sysfs import read_text
 from robustd.model import Finding, FindingKind
 
 IB_ACTIVE = 4  # `state`: "4: ACTIVE"
@@ -66,23 +67,20 @@ class PortReading:
         return self.state.code == IB_ACTIVE and self.phys_state.code == PHYS_LINKUP
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="ascii") as f:
-        return f.read()
 
 
 def read_port(path: str) -> PortReading:
     """One port directory; raises FileNotFoundError when the port (or its device) is gone."""
-    state = parse_ib_state(_read(os.path.join(path, "state")))
-    phys = parse_ib_state(_read(os.path.join(path, "phys_state")))
+    state = parse_ib_state(read_text(os.path.join(path, "state")))
+    phys = parse_ib_state(read_text(os.path.join(path, "phys_state")))
     try:
-        rate: float | None = parse_rate(_read(os.path.join(path, "rate")))
+        rate: float | None = parse_rate(read_text(os.path.join(path, "rate")))
     except (OSError, ValueError):  # some drivers fail the read while the link trains
         rate = None
     counters: dict[str, int] = {}
     for name in ("link_downed", *ERROR_COUNTERS, *DATA_COUNTERS):
         try:
-            counters[name] = parse_counter(_read(os.path.join(path, "counters", name)))
+            counters[name] = parse_counter(read_text(os.path.join(path, "counters", name)))
         except (OSError, ValueError):
             continue
     return PortReading(state, phys, rate, counters)

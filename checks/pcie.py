@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
@@ -165,13 +166,13 @@ class _Device:
         return {"class": f"0x{self.pci_class}", "vendor": f"0x{self.vendor}", "device": f"0x{self.device}"}
 
 
+NOT_WATCHED = object()
+
+
 class _Gone(Exception):
     """The device's directory vanished while it was read."""
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
 
 
 class PcieCheck(Check):
@@ -184,6 +185,7 @@ class PcieCheck(Check):
     def __init__(self) -> None:
         self._devices: dict[str, _Device] | None = None  # None until the first poll took baselines
         self._missing: dict[str, _Device] = {}
+        self._ignored: set[str] = set()  # bdfs of classes we do not watch
 
     def codes(self) -> Mapping[str, CodeRule]:
         return load_codes(RULES)
@@ -209,9 +211,12 @@ class PcieCheck(Check):
         devices = self._devices if self._devices is not None else {}
         findings: list[Finding] = []
 
-        for bdf in sorted(present - devices.keys()):  # at start, and devices that (re)appear
+        self._ignored &= present  # a bdf that goes and comes back is looked at afresh
+        for bdf in sorted(present - devices.keys() - self._ignored):  # at start, and devices that (re)appear
             dev = self._discover(base, bdf, cfg.matchers())
-            if dev is not None:
+            if dev is NOT_WATCHED:
+                self._ignored.add(bdf)  # not a watched class: do not read it again every second
+            elif dev is not None:
                 devices[bdf] = dev
                 self._missing.pop(bdf, None)
         for bdf, dev in sorted(devices.items()):
@@ -232,16 +237,17 @@ class PcieCheck(Check):
         return findings
 
     @staticmethod
-    def _discover(base: str, bdf: str, matchers: list[ClassMatch]) -> _Device | None:
+    def _discover(base: str, bdf: str, matchers: list[ClassMatch]) -> _Device | object | None:
+        """The device if watched, NOT_WATCHED for another class, None if unreadable (retried)."""
         path = os.path.join(base, bdf)
         try:
-            pci_class = parse_hex(_read(os.path.join(path, "class")))
-            vendor = parse_hex(_read(os.path.join(path, "vendor")))
-            device = parse_hex(_read(os.path.join(path, "device")))
+            pci_class = parse_hex(read_text(os.path.join(path, "class")))
+            vendor = parse_hex(read_text(os.path.join(path, "vendor")))
+            device = parse_hex(read_text(os.path.join(path, "device")))
         except (OSError, ValueError):
             return None  # not a device directory we understand (or gone already)
         if not any(m.matches(pci_class, vendor) for m in matchers):
-            return None
+            return NOT_WATCHED
         return _Device(bdf=bdf.lower(), pci_class=pci_class, vendor=vendor, device=device)
 
     def _read_device(self, path: str, dev: _Device, cfg: PcieConfig, now: float,
@@ -299,7 +305,7 @@ def _named(aer: AerCounters) -> dict[str, str]:
 def _attr(path: str, name: str) -> str | None:
     """One sysfs attribute; None if this device has no such file. A vanished device raises _Gone."""
     try:
-        return _read(os.path.join(path, name))
+        return read_text(os.path.join(path, name))
     except FileNotFoundError:
         if not os.path.isdir(path):
             raise _Gone from None

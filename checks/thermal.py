@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from pydantic import Field
 
+from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.model import Action, Finding, FindingKind, Severity
@@ -77,8 +78,7 @@ class ThermalConfig(CheckConfig):
 # -- reading --------------------------------------------------------------------------------------
 def _read(path: str) -> str | None:
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read()
+        return read_text(path)
     except OSError:  # ENOENT: no such attribute; EIO/ENODATA: sensor not ready this time
         return None
 

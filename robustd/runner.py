@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class CheckState:
     failures: int = 0
     stuck_since: float | None = None
     pending: asyncio.Future[Sequence[Finding]] | None = field(default=None, repr=False)
+    worker: _Worker | None = field(default=None, repr=False)
+    ctx: CheckContext | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -91,6 +94,9 @@ class Runner:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
         for st in self.states:
+            if st.worker is not None:
+                st.worker.stop()  # a stuck one never reads this; it is a daemon thread
+                st.worker = None
             if st.check.mode in ("watch", "both") and st.status not in ("DISABLED", "UNSUPPORTED"):
                 try:
                     await st.check.close()
@@ -121,7 +127,9 @@ class Runner:
             await asyncio.sleep(next_at - now)
 
     async def _poll_once(self, st: CheckState, loop: asyncio.AbstractEventLoop) -> None:
-        ctx = self.make_context(st.check, st.config)
+        if st.ctx is None:  # one context per check and config: polls do not re-read the store
+            st.ctx = self.make_context(st.check, st.config)
+        ctx = st.ctx
         fut: asyncio.Future[Sequence[Finding]] = loop.create_future()
         fut.add_done_callback(_consume_exception)
         st.pending = fut
@@ -135,7 +143,9 @@ class Runner:
             except BaseException as e:  # noqa: BLE001 - a check's failure is a finding
                 loop.call_soon_threadsafe(_resolve, fut, None, e)
 
-        threading.Thread(target=work, name=f"poll-{st.name}", daemon=True).start()
+        if st.worker is None:
+            st.worker = _Worker(f"poll-{st.name}")
+        st.worker.submit(work)
         try:
             findings = await asyncio.wait_for(asyncio.shield(fut), st.config.deadline)
         except TimeoutError:
@@ -160,7 +170,7 @@ class Runner:
     def _timeout_findings(self, st: CheckState, stuck: float) -> tuple[Finding, ...]:
         """The check's own words for a stuck poll (e.g. NVML_HANG on the GPU it was asking), else CHECK_TIMEOUT."""
         try:
-            own = st.check.timeout_findings(self.make_context(st.check, st.config), stuck)
+            own = st.check.timeout_findings(st.ctx or self.make_context(st.check, st.config), stuck)
         except Exception:  # noqa: BLE001 - the hook must not hide the timeout
             log.exception("check %s: timeout_findings raised", st.name)
             own = None
@@ -207,6 +217,26 @@ class Runner:
         log.error("check %s failed: %s (retrying every %gs)", st.name, st.last_error, WATCH_RETRY)
         self.sink(Report(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",
                                            error=st.last_error),)))
+
+
+class _Worker:
+    """One long-lived thread per poll check: cheaper than a thread per poll, and a poll that
+    hangs keeps its thread (the runner submits nothing more until that poll returns)."""
+
+    def __init__(self, name: str):
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+
+    def stop(self) -> None:
+        self.jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
 
 
 def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

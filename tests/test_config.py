@@ -46,7 +46,7 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "cannot read config" in r.stderr and "No such file" in r.stderr
 
 
-@pytest.mark.parametrize("name", ["robustd.yaml", "robustd.dev.yaml"])
+@pytest.mark.parametrize("name", ["robustd.yaml", "robustd.dev.yaml", "robustd.dev-emulated.yaml"])
 def test_shipped_configs_are_valid(name: str) -> None:
     r = check_config(REPO / "etc" / name)
     assert r.returncode == 0, r.stderr
