@@ -32,11 +32,8 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-n", type=int, default=100)
-    ap.add_argument("--gap", type=float, default=0.05, help="seconds between an up and the next down")
-    args = ap.parse_args()
+def measure_nic(n: int, gap: float = 0.05) -> tuple[list[float], int]:
+    """Carrier-down → NIC_DOWN RAISED latencies in ms, and how many waits timed out."""
     if os.geteuid() != 0:
         raise SystemExit("detect_nic needs root (network namespaces, veth)")
     tag = uuid.uuid4().hex[:6]
@@ -69,7 +66,7 @@ def main() -> None:
         missed = 0
         with IPRoute() as ipr:
             index = ipr.link_lookup(ifname=peer)[0]
-            for _ in range(args.n):
+            for _ in range(n):
                 t0 = time.perf_counter()
                 ipr.link("set", index=index, state="down")
                 try:
@@ -85,17 +82,26 @@ def main() -> None:
                         pass
                 except queue.Empty:
                     missed += 1
-                time.sleep(args.gap)
+                time.sleep(gap)
         stream.cancel()
-        print(f"detect_nic: {len(lat)}/{args.n} carrier losses seen on Watch ({missed} waits timed out)")
-        if lat:
-            print(f"  latency p50 {percentile(lat, 50):.2f} ms  p99 {percentile(lat, 99):.2f} ms  "
-                  f"max {max(lat):.2f} ms  (target p99 <= 500 ms)")
+        return lat, missed
     finally:
         if d is not None:
             d.close()
         subprocess.run(["ip", "link", "del", peer], capture_output=True, timeout=10)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-n", type=int, default=100)
+    ap.add_argument("--gap", type=float, default=0.05, help="seconds between an up and the next down")
+    args = ap.parse_args()
+    lat, missed = measure_nic(args.n, args.gap)
+    print(f"detect_nic: {len(lat)}/{args.n} carrier losses seen on Watch ({missed} waits timed out)")
+    if lat:
+        print(f"  latency p50 {percentile(lat, 50):.2f} ms  p99 {percentile(lat, 99):.2f} ms  "
+              f"max {max(lat):.2f} ms  (target p99 <= 500 ms)")
 
 
 if __name__ == "__main__":
