@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from checks.ib import IbPorts, RateWindow, parse_rate
-from checks.netlink import LinkObs, LinkTracker, dump_links, link_from_msg, open_netlink, parse_messages
+from checks.netlink import LinkObs, LinkTracker, decode, dump_links, open_netlink
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
@@ -173,8 +173,6 @@ class NicCheck(Check):
         """Loop callback: drain the subscription; hand findings to `reports`."""
         if self._events is None or self._tracker is None:
             return
-        from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_NEWLINK
-
         out: list[Finding] = []
         now = time.monotonic()
         while True:
@@ -189,9 +187,9 @@ class NicCheck(Check):
                 if self._loop is not None:
                     self._loop.remove_reader(self._events.fileno())
                 break
-            for msg in parse_messages(data):
-                if msg["header"]["type"] in (RTM_NEWLINK, RTM_DELLINK):
-                    out += self._tracker.event(link_from_msg(msg), now)
+            for msg in decode(data):
+                if msg.link is not None:
+                    out += self._tracker.event(msg.link, now)
         if out:
             self._queue.put_nowait(out)
 
