@@ -119,6 +119,7 @@ class GpuCheck(Check):
     def __init__(self) -> None:
         self.current = _Current()
         self.inventory: list[_Gpu] = []
+        self.compute_pids: frozenset[int] = frozenset()
         self.driver_version = ""
         self._initialized = False
         self._emulated = False
@@ -288,6 +289,7 @@ class GpuCheck(Check):
                 findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"NVML: GPU {g.bus} is lost",
                                               reason="NVML_ERROR_GPU_IS_LOST", uuid=g.uuid))
         findings += self._stall(ctx, cfg, now, pids, utils)
+        self.compute_pids = frozenset(pids)  # read by the diagnostics (a busy node refuses a Run)
         return findings
 
     def _poll_gpu(self, g: _Gpu, cfg: GpuConfig, now: float, pids: set[int], utils: list[int]) -> list[Finding]:

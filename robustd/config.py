@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
@@ -51,6 +51,52 @@ class PolicyConfig(Strict):
     codes: dict[str, CodeRule] = Field(default_factory=dict)
 
 
+DIAG_TESTS = ("eud", "all_to_all", "all_gather", "minigpt")
+
+
+class EudConfig(Strict):
+    command: list[str] = Field(default_factory=lambda: ["dcgmi", "diag", "-r", "eud", "-j"], min_length=1)
+    timeout: Duration = 3600.0
+
+
+class CollectivesConfig(Strict):
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl with real GPUs, else gloo
+    cpu_ranks: int = Field(default=4, ge=2, le=64)  # ranks on a host without GPUs
+    min_busbw_gbps: float = Field(default=0.0, ge=0)  # all_to_all bus bandwidth floor (0 = none)
+    timeout: Duration = 300.0
+
+
+class MinigptConfig(Strict):
+    steps: int = Field(default=20, ge=1, le=10_000)
+    timeout: Duration = 300.0
+
+
+def _default_levels() -> dict[str, list[str]]:
+    return {"quick": ["all_to_all"], "standard": ["all_to_all", "minigpt"],
+            "full": ["eud", "all_to_all", "all_gather", "minigpt"]}
+
+
+class DiagnosticsConfig(Strict):
+    eud: EudConfig = Field(default_factory=EudConfig)
+    collectives: CollectivesConfig = Field(default_factory=CollectivesConfig)
+    minigpt: MinigptConfig = Field(default_factory=MinigptConfig)
+    levels: dict[str, list[str]] = Field(default_factory=_default_levels)
+    python: str | None = None  # the interpreter for the test children; default: the daemon's own
+    timeout: Duration = 7200.0  # a whole Run, unless the request says otherwise
+    keep_reports: int = Field(default=500, ge=1)
+    test_faults: bool = False  # accept test-only fault injection in specs (tests only; never in production)
+
+    @field_validator("levels")
+    @classmethod
+    def _known_tests(cls, levels: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, tests in levels.items():
+            bad = [t for t in tests if t not in DIAG_TESTS]
+            if bad or not tests:
+                raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(DIAG_TESTS)})"
+                                 if bad else f"level {name!r} is empty")
+        return levels
+
+
 class RootsConfig(Strict):
     proc: str = DEFAULT_PROC
     sys: str = DEFAULT_SYS
@@ -67,6 +113,7 @@ class Config(Strict):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     roots: RootsConfig = Field(default_factory=RootsConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
 
     @model_validator(mode="before")
@@ -74,7 +121,7 @@ class Config(Strict):
     def _empty_sections(cls, data: Any) -> Any:
         """`metrics:` with only comments under it means the defaults, not an error."""
         if isinstance(data, dict):
-            sections = ("listen", "metrics", "retention", "policy", "roots", "checks")
+            sections = ("listen", "metrics", "retention", "policy", "roots", "diagnostics", "checks")
             return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
         return data
 

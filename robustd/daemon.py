@@ -23,12 +23,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from robustd import __version__
+from robustd.api.diagnostics import DiagnosticsServicer
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, CodeTable
 from robustd.config import ConfigError, Settings, load_config
+from robustd.diag.manager import DiagManager, GpuView
+from robustd.diag.manager import codes as diag_codes
 from robustd.engine import Engine
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
@@ -101,6 +104,9 @@ class Daemon:
                      len(cleared))
             self.store.set_meta("boot_id", self.boot_id)
         self.store.prune(time.time(), cfg.retention.max_age, cfg.retention.max_events)
+        self.diag = DiagManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
+                                self._gpu_view)
+        self.diag.recover()
         self.runner.run()
         self._install_signals()
         self.health = health.aio.HealthServicer()
@@ -117,6 +123,8 @@ class Daemon:
         log.info("stopping")
         self.notifier.stopping()
         ticker.cancel()
+        if self.diag.running is not None:
+            await self.diag.cancel(self.diag.running.id)
         await self.health.enter_graceful_shutdown()
         await server.stop(grace=2)
         await self.runner.stop()
@@ -140,17 +148,32 @@ class Daemon:
                     layers.append(st.check.codes())
                 except Exception as e:  # noqa: BLE001 - e.g. rules failed to load; the check already reported it
                     log.warning("check %s has no code table: %s", st.name, e)
+        layers.append(diag_codes())
         layers.append(settings.config.policy.codes)
         return CodeTable(layers)
+
+    def _gpu_view(self) -> GpuView:
+        """The GPU check's inventory and its last-seen compute processes (empty without one)."""
+        for st in self.runner.states:
+            if st.name == "gpu" and st.status not in ("DISABLED", "UNSUPPORTED"):
+                check: Any = st.check
+                gpus = [{"index": i, "bus_id": g.bus, "uuid": g.uuid, "name": g.name}
+                        for i, g in enumerate(getattr(check, "inventory", []))]
+                return GpuView(gpus=gpus, driver=getattr(check, "driver_version", ""),
+                               busy_pids=getattr(check, "compute_pids", frozenset()),
+                               emulated=bool(check.emulated()))
+        return GpuView()
 
     async def _serve(self) -> grpc.aio.Server:
         cfg = self.settings.config
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 << 20)])
         servicer = NodeHealthServicer(self.engine, cfg.node_name, self.boot_id, lambda: self.runner.states)
         pb_grpc.add_NodeHealthServicer_to_server(servicer, server)
+        pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(self.diag), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name, health_pb2.DESCRIPTOR.services_by_name[
-            "Health"].full_name, reflection.SERVICE_NAME)
+        names = (pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name,
+                 pb.DESCRIPTOR.services_by_name["Diagnostics"].full_name,
+                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         path = cfg.listen.unix
         _prepare_socket_path(path)

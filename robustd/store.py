@@ -37,6 +37,15 @@ CREATE TABLE IF NOT EXISTS conditions (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cursors (check_name TEXT PRIMARY KEY, cursor TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS diagnostics (
+    id TEXT PRIMARY KEY,
+    started REAL NOT NULL,
+    outcome INTEGER NOT NULL,
+    report BLOB NOT NULL  -- a serialized robustd.v1.DiagnosticReport
+);
+CREATE INDEX IF NOT EXISTS diagnostics_started ON diagnostics (started);
+CREATE TABLE IF NOT EXISTS goldens (key TEXT PRIMARY KEY, digest TEXT NOT NULL, report_id TEXT NOT NULL,
+                                    at REAL NOT NULL);
 """
 
 
@@ -108,6 +117,18 @@ class Store:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_through', ?)", (str(upto),))
         return n
 
+    def save_report(self, report_id: str, started: float, outcome: int, blob: bytes, keep: int) -> None:
+        """Insert or replace one diagnostic report; keep the newest `keep`."""
+        with self._tx():
+            self.db.execute("INSERT OR REPLACE INTO diagnostics VALUES (?, ?, ?, ?)",
+                            (report_id, started, outcome, blob))
+            self.db.execute("DELETE FROM diagnostics WHERE id NOT IN "
+                            "(SELECT id FROM diagnostics ORDER BY started DESC LIMIT ?)", (keep,))
+
+    def set_golden(self, key: str, digest: str, report_id: str, at: float) -> None:
+        with self._tx():
+            self.db.execute("INSERT OR REPLACE INTO goldens VALUES (?, ?, ?, ?)", (key, digest, report_id, at))
+
     # -- reads ---------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -119,6 +140,22 @@ class Store:
 
     def conditions(self) -> list[Condition]:
         return [condition_from_json(r[0]) for r in self.db.execute("SELECT condition FROM conditions ORDER BY seq")]
+
+    def report(self, report_id: str) -> bytes | None:
+        row = self.db.execute("SELECT report FROM diagnostics WHERE id = ?", (report_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def reports(self, limit: int, outcome: int | None = None) -> list[bytes]:
+        """Newest first."""
+        if outcome is None:
+            rows = self.db.execute("SELECT report FROM diagnostics ORDER BY started DESC LIMIT ?", (limit,))
+        else:
+            rows = self.db.execute("SELECT report FROM diagnostics WHERE outcome = ? ORDER BY started DESC LIMIT ?",
+                                   (outcome, limit))
+        return [bytes(r[0]) for r in rows]
+
+    def goldens(self) -> list[tuple[str, str, str, float]]:
+        return [tuple(r) for r in self.db.execute("SELECT key, digest, report_id, at FROM goldens ORDER BY key")]
 
     def head_seq(self) -> int:
         row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()

@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     from robustd.cli import sim
 
     sim.add_parser(verb("sim", "edit the NVML emulator's state file (hosts without GPUs; no daemon needed)"))
+    from robustd.cli import diag
+
+    diag.add_parser(verb("diag", "stop-time diagnostics: run, list, show, cancel; golden digests"), _add_globals)
     return parser
 
 
@@ -152,10 +155,11 @@ class Client:
             return self.unreachable(reason or code.name)
         return CliError(EXIT_RPC, f"{code.name}: {details}" if details else code.name)
 
-    def call(self, method: str, request: Any) -> Any:
+    def call(self, method: str, request: Any, service: str = "NodeHealth") -> Any:
         channel = self.open()
         try:
-            return getattr(pb_grpc.NodeHealthStub(channel), method)(request, timeout=self.timeout)
+            stub = getattr(pb_grpc, f"{service}Stub")(channel)
+            return getattr(stub, method)(request, timeout=self.timeout)
         except grpc.RpcError as err:
             raise self.error(err, channel) from None
         finally:
@@ -271,9 +275,15 @@ def cmd_sim(client: Client, args: argparse.Namespace) -> int:
         raise CliError(1, f"sim: {e.filename or ''}: {e.strerror or e}") from None
 
 
+def cmd_diag(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import diag
+
+    return diag.run(client, args)
+
+
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
-    "sim": cmd_sim,
+    "sim": cmd_sim, "diag": cmd_diag,
 }
 
 

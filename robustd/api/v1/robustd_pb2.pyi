@@ -44,6 +44,23 @@ class CheckStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECK_STATUS_DISABLED: _ClassVar[CheckStatus]
     CHECK_STATUS_UNSUPPORTED: _ClassVar[CheckStatus]
     CHECK_STATUS_WATCHING: _ClassVar[CheckStatus]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    OUTCOME_PASS: _ClassVar[Outcome]
+    OUTCOME_FAIL: _ClassVar[Outcome]
+    OUTCOME_CANCELLED: _ClassVar[Outcome]
+    OUTCOME_ERROR: _ClassVar[Outcome]
+    OUTCOME_RUNNING: _ClassVar[Outcome]
+
+class ResultStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESULT_UNSPECIFIED: _ClassVar[ResultStatus]
+    RESULT_PASS: _ClassVar[ResultStatus]
+    RESULT_FAIL: _ClassVar[ResultStatus]
+    RESULT_SKIPPED: _ClassVar[ResultStatus]
+    RESULT_ERROR: _ClassVar[ResultStatus]
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_OK: Severity
 SEVERITY_WARNING: Severity
@@ -66,6 +83,17 @@ CHECK_STATUS_TIMEOUT: CheckStatus
 CHECK_STATUS_DISABLED: CheckStatus
 CHECK_STATUS_UNSUPPORTED: CheckStatus
 CHECK_STATUS_WATCHING: CheckStatus
+OUTCOME_UNSPECIFIED: Outcome
+OUTCOME_PASS: Outcome
+OUTCOME_FAIL: Outcome
+OUTCOME_CANCELLED: Outcome
+OUTCOME_ERROR: Outcome
+OUTCOME_RUNNING: Outcome
+RESULT_UNSPECIFIED: ResultStatus
+RESULT_PASS: ResultStatus
+RESULT_FAIL: ResultStatus
+RESULT_SKIPPED: ResultStatus
+RESULT_ERROR: ResultStatus
 
 class Condition(_message.Message):
     __slots__ = ("component", "code", "severity", "action", "message", "evidence", "first_seen", "last_seen", "count", "sticky", "seq", "source", "boot_id")
@@ -223,3 +251,175 @@ class AcknowledgeResponse(_message.Message):
     EVENT_FIELD_NUMBER: _ClassVar[int]
     event: Event
     def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
+
+class Rendezvous(_message.Message):
+    __slots__ = ("master_addr", "master_port", "world_size", "node_rank", "run_id")
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    master_addr: str
+    master_port: int
+    world_size: int
+    node_rank: int
+    run_id: str
+    def __init__(self, master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class RunRequest(_message.Message):
+    __slots__ = ("tests", "level", "gpus", "stop_on_failure", "timeout", "force", "rendezvous", "test_faults_json")
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    STOP_ON_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    TEST_FAULTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    tests: _containers.RepeatedScalarFieldContainer[str]
+    level: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    stop_on_failure: bool
+    timeout: _duration_pb2.Duration
+    force: bool
+    rendezvous: Rendezvous
+    test_faults_json: str
+    def __init__(self, tests: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., stop_on_failure: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., force: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., test_faults_json: _Optional[str] = ...) -> None: ...
+
+class TestResult(_message.Message):
+    __slots__ = ("test", "component", "status", "message", "figures", "details")
+    class FiguresEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TEST_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    test: str
+    component: str
+    status: ResultStatus
+    message: str
+    figures: _containers.ScalarMap[str, float]
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, test: _Optional[str] = ..., component: _Optional[str] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., message: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DiagnosticReport(_message.Message):
+    __slots__ = ("id", "outcome", "severity", "action", "suspects", "results", "node", "tests", "started", "finished", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    SUSPECTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TESTS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    outcome: Outcome
+    severity: Severity
+    action: Action
+    suspects: _containers.RepeatedScalarFieldContainer[str]
+    results: _containers.RepeatedCompositeFieldContainer[TestResult]
+    node: str
+    tests: _containers.RepeatedScalarFieldContainer[str]
+    started: _timestamp_pb2.Timestamp
+    finished: _timestamp_pb2.Timestamp
+    message: str
+    def __init__(self, id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., suspects: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., node: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DiagnosticProgress(_message.Message):
+    __slots__ = ("id", "test", "phase", "percent", "message", "results", "report")
+    class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PHASE_UNSPECIFIED: _ClassVar[DiagnosticProgress.Phase]
+        PHASE_STARTED: _ClassVar[DiagnosticProgress.Phase]
+        PHASE_PROGRESS: _ClassVar[DiagnosticProgress.Phase]
+        PHASE_FINISHED: _ClassVar[DiagnosticProgress.Phase]
+        PHASE_DONE: _ClassVar[DiagnosticProgress.Phase]
+    PHASE_UNSPECIFIED: DiagnosticProgress.Phase
+    PHASE_STARTED: DiagnosticProgress.Phase
+    PHASE_PROGRESS: DiagnosticProgress.Phase
+    PHASE_FINISHED: DiagnosticProgress.Phase
+    PHASE_DONE: DiagnosticProgress.Phase
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEST_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    test: str
+    phase: DiagnosticProgress.Phase
+    percent: float
+    message: str
+    results: _containers.RepeatedCompositeFieldContainer[TestResult]
+    report: DiagnosticReport
+    def __init__(self, id: _Optional[str] = ..., test: _Optional[str] = ..., phase: _Optional[_Union[DiagnosticProgress.Phase, str]] = ..., percent: _Optional[float] = ..., message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., report: _Optional[_Union[DiagnosticReport, _Mapping]] = ...) -> None: ...
+
+class GetDiagnosticRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListDiagnosticsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListDiagnosticsResponse(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[DiagnosticReport]
+    def __init__(self, reports: _Optional[_Iterable[_Union[DiagnosticReport, _Mapping]]] = ...) -> None: ...
+
+class CancelDiagnosticRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class Golden(_message.Message):
+    __slots__ = ("key", "digest", "report_id", "recorded_at")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    digest: str
+    report_id: str
+    recorded_at: _timestamp_pb2.Timestamp
+    def __init__(self, key: _Optional[str] = ..., digest: _Optional[str] = ..., report_id: _Optional[str] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RecordGoldenRequest(_message.Message):
+    __slots__ = ("report_id",)
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    def __init__(self, report_id: _Optional[str] = ...) -> None: ...
+
+class ListGoldensRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListGoldensResponse(_message.Message):
+    __slots__ = ("goldens",)
+    GOLDENS_FIELD_NUMBER: _ClassVar[int]
+    goldens: _containers.RepeatedCompositeFieldContainer[Golden]
+    def __init__(self, goldens: _Optional[_Iterable[_Union[Golden, _Mapping]]] = ...) -> None: ...

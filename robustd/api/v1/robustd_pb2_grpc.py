@@ -269,3 +269,290 @@ class NodeHealth:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class DiagnosticsStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Run = channel.unary_stream(
+                '/robustd.v1.Diagnostics/Run',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RunRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticProgress.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/robustd.v1.Diagnostics/Get',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.GetDiagnosticRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticReport.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/robustd.v1.Diagnostics/List',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListDiagnosticsRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListDiagnosticsResponse.FromString,
+                _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/robustd.v1.Diagnostics/Cancel',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CancelDiagnosticRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticReport.FromString,
+                _registered_method=True)
+        self.RecordGolden = channel.unary_unary(
+                '/robustd.v1.Diagnostics/RecordGolden',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RecordGoldenRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.Golden.FromString,
+                _registered_method=True)
+        self.ListGoldens = channel.unary_unary(
+                '/robustd.v1.Diagnostics/ListGoldens',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensResponse.FromString,
+                _registered_method=True)
+
+
+class DiagnosticsServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Run(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordGolden(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGoldens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DiagnosticsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Run': grpc.unary_stream_rpc_method_handler(
+                    servicer.Run,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RunRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticProgress.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.GetDiagnosticRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticReport.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListDiagnosticsRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListDiagnosticsResponse.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CancelDiagnosticRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticReport.SerializeToString,
+            ),
+            'RecordGolden': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordGolden,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RecordGoldenRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.Golden.SerializeToString,
+            ),
+            'ListGoldens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGoldens,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'robustd.v1.Diagnostics', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('robustd.v1.Diagnostics', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Diagnostics:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Run(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/Run',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.RunRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/Get',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.GetDiagnosticRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/List',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.ListDiagnosticsRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.ListDiagnosticsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/Cancel',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.CancelDiagnosticRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.DiagnosticReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordGolden(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/RecordGolden',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.RecordGoldenRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.Golden.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGoldens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/ListGoldens',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

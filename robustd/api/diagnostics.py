@@ -1,0 +1,60 @@
+"""Diagnostics service: start a stop-time run and stream its progress; get, list, cancel reports."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+import grpc
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.diag.manager import BadRequest, Busy, DiagManager, Refused
+
+
+class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
+    def __init__(self, manager: DiagManager):
+        self.manager = manager
+
+    async def Run(self, request: pb.RunRequest,
+                  context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DiagnosticProgress]:
+        try:
+            run = self.manager.start(request)
+        except Busy as e:
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except Refused as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except BadRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        queue = self.manager.subscribe(run)
+        # A client that goes away does not stop the run: its report stays available through Get.
+        while (msg := await queue.get()) is not None:
+            yield msg
+
+    async def Get(self, request: pb.GetDiagnosticRequest, context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
+        report = self.manager.get(request.id)
+        if report is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {request.id!r}")
+        return report
+
+    async def List(self, request: pb.ListDiagnosticsRequest,
+                   context: grpc.aio.ServicerContext) -> pb.ListDiagnosticsResponse:
+        if request.limit < 0 or request.limit > 1000:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit must be between 0 and 1000")
+        return pb.ListDiagnosticsResponse(reports=self.manager.list(request.limit or 20))
+
+    async def Cancel(self, request: pb.CancelDiagnosticRequest,
+                     context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
+        report = await self.manager.cancel(request.id)
+        if report is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {request.id!r}")
+        return report
+
+    async def RecordGolden(self, request: pb.RecordGoldenRequest, context: grpc.aio.ServicerContext) -> pb.Golden:
+        try:
+            return self.manager.record_golden(request.report_id)
+        except BadRequest as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+
+    async def ListGoldens(self, request: pb.ListGoldensRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ListGoldensResponse:
+        return pb.ListGoldensResponse(goldens=self.manager.goldens())

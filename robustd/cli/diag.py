@@ -1,0 +1,163 @@
+"""`robustctl diag`: run stop-time diagnostics with a live progress bar; list, show, cancel; goldens.
+
+Exit codes of `diag run` and `diag show`: 0 PASS, 1 FAIL of WARNING severity, 2 FAIL of CRITICAL
+severity, 4 ERROR or CANCELLED (and other RPC errors), 3 daemon unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+import grpc
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.cli import render
+from robustd.durations import parse_duration
+
+TESTS = ("eud", "all_to_all", "all_gather", "minigpt")
+STATUS = {pb.RESULT_PASS: "PASS", pb.RESULT_FAIL: "FAIL", pb.RESULT_SKIPPED: "SKIPPED", pb.RESULT_ERROR: "ERROR"}
+
+
+def add_parser(p: argparse.ArgumentParser, add_globals: Callable[[argparse.ArgumentParser, bool], None]) -> None:
+    sub = p.add_subparsers(dest="diag_command", metavar="DIAG_COMMAND", required=True)
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        v = sub.add_parser(name, help=help_text, description=help_text)
+        add_globals(v, False)
+        return v
+
+    r = verb("run", "run diagnostics now (the job must be stopped on this node)")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--tests", type=_tests, help=f"comma-separated, in order: {','.join(TESTS)}")
+    g.add_argument("--level", help="a named list from config: quick, standard, full")
+    r.add_argument("--gpus", type=lambda s: [x for x in s.split(",") if x], default=[], help="bus ids (default all)")
+    r.add_argument("--no-stop-on-failure", action="store_true", help="run every test even after a failure")
+    r.add_argument("--run-timeout", type=parse_duration, metavar="DURATION", help="limit for the whole run")
+    r.add_argument("--force", action="store_true", help="run even while GPU compute processes are alive")
+    r.add_argument("--rendezvous", type=_rendezvous, metavar="ADDR:PORT,WORLD,RANK[,RUN_ID]",
+                   help="for all_gather: master address:port, nodes, this node's rank, a run id")
+    verb("list", "recent diagnostic reports").add_argument("--limit", type=int, default=20)
+    verb("show", "one report").add_argument("id")
+    verb("cancel", "cancel a running diagnostic (kills its child processes)").add_argument("id")
+    gold = verb("golden", "golden MiniGPT digests for (GPU model, driver, torch version)")
+    gsub = gold.add_subparsers(dest="golden_command", metavar="GOLDEN_COMMAND", required=True)
+    rec = gsub.add_parser("record", help="record the node digest of a passing MiniGPT report (default: newest)")
+    add_globals(rec, False)
+    rec.add_argument("id", nargs="?", default="")
+    add_globals(gsub.add_parser("show", help="the recorded golden digests"), False)
+
+
+def run(client: Any, args: argparse.Namespace) -> int:
+    cmd = args.diag_command
+    if cmd == "run":
+        return _run(client, args)
+    if cmd == "list":
+        resp = client.call("List", pb.ListDiagnosticsRequest(limit=args.limit), "Diagnostics")
+        print(render.to_json(resp) if args.json else _list_text(resp.reports), flush=True)
+        return 0
+    if cmd in ("show", "cancel"):
+        method, req = ("Get", pb.GetDiagnosticRequest(id=args.id)) if cmd == "show" else \
+            ("Cancel", pb.CancelDiagnosticRequest(id=args.id))
+        report = client.call(method, req, "Diagnostics")
+        print(render.to_json(report) if args.json else report_text(report), flush=True)
+        return exit_code(report)
+    if args.golden_command == "record":
+        golden = client.call("RecordGolden", pb.RecordGoldenRequest(report_id=args.id), "Diagnostics")
+        print(render.to_json(golden) if args.json else f"recorded {golden.digest} for {golden.key}", flush=True)
+        return 0
+    resp = client.call("ListGoldens", pb.ListGoldensRequest(), "Diagnostics")
+    rows = [[g.key, g.digest[:16], g.report_id, render.local_time(g.recorded_at)] for g in resp.goldens]
+    print(render.to_json(resp) if args.json else
+          (render.table(["KEY", "DIGEST", "REPORT", "RECORDED"], rows) if rows else "no golden digests"), flush=True)
+    return 0
+
+
+def _run(client: Any, args: argparse.Namespace) -> int:
+    req = pb.RunRequest(tests=args.tests or [], level=args.level or "", gpus=args.gpus, force=args.force)
+    if args.no_stop_on_failure:
+        req.stop_on_failure = False
+    if args.run_timeout:
+        req.timeout.FromNanoseconds(int(args.run_timeout * 1e9))
+    if args.rendezvous:
+        req.rendezvous.CopyFrom(args.rendezvous)
+    channel = client.open()
+    report = None
+    tty = sys.stderr.isatty()
+    try:
+        for msg in pb_grpc.DiagnosticsStub(channel).Run(req):  # no deadline: runs take minutes
+            if args.json:
+                print(render.to_json(msg, indent=None), flush=True)
+            else:
+                _progress(msg, tty)
+            if msg.phase == pb.DiagnosticProgress.PHASE_DONE:
+                report = msg.report
+    except grpc.RpcError as err:
+        raise client.error(err, channel) from None
+    finally:
+        channel.close()
+    if report is None:
+        return 4
+    if not args.json:
+        print(report_text(report), flush=True)
+    return exit_code(report)
+
+
+def _progress(msg: pb.DiagnosticProgress, tty: bool) -> None:
+    bar = "#" * int(msg.percent / 5) + "." * (20 - int(msg.percent / 5))
+    line = f"[{bar}] {msg.percent:5.1f}%  {msg.test or ''} {msg.message}".rstrip()
+    if msg.phase == pb.DiagnosticProgress.PHASE_FINISHED:
+        worst = max((r.status for r in msg.results), default=pb.RESULT_PASS,
+                    key=lambda s: (s == pb.RESULT_FAIL, s == pb.RESULT_ERROR, s == pb.RESULT_SKIPPED))
+        line = f"[{bar}] {msg.percent:5.1f}%  {msg.test} finished: {STATUS.get(worst, '?')}"
+    if tty and msg.phase == pb.DiagnosticProgress.PHASE_PROGRESS:
+        print(f"\r{line[:120]:<120}", end="", file=sys.stderr, flush=True)
+    else:
+        print(("\r" if tty else "") + line, file=sys.stderr, flush=True)
+
+
+def report_text(r: pb.DiagnosticReport) -> str:
+    head = (f"diagnostic {r.id} on {r.node}: {pb.Outcome.Name(r.outcome).removeprefix('OUTCOME_')}"
+            + (f" ({render.severity_name(r.severity)}, action {render.action_name(r.action)})"
+               if r.outcome == pb.OUTCOME_FAIL else "")
+            + (f"\nsuspects: {', '.join(r.suspects)}" if r.suspects else "")
+            + (f"\n{r.message}" if r.message else ""))
+    rows = [[x.test, x.component, STATUS.get(x.status, "?"),
+             " ".join(f"{k}={v:.3g}" for k, v in sorted(x.figures.items())), x.message] for x in r.results]
+    return head + ("\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows) if rows else "")
+
+
+def _list_text(reports: Any) -> str:
+    if not reports:
+        return "no diagnostics"
+    rows = [[r.id, render.local_time(r.started), ",".join(r.tests), pb.Outcome.Name(r.outcome).removeprefix("OUTCOME_"),
+             ", ".join(r.suspects)] for r in reports]
+    return render.table(["ID", "STARTED", "TESTS", "OUTCOME", "SUSPECTS"], rows)
+
+
+def exit_code(r: pb.DiagnosticReport) -> int:
+    if r.outcome == pb.OUTCOME_PASS:
+        return 0
+    if r.outcome == pb.OUTCOME_FAIL:
+        return 2 if r.severity == pb.SEVERITY_CRITICAL else 1
+    return 4
+
+
+def _tests(text: str) -> list[str]:
+    tests = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in tests if t not in TESTS]
+    if bad or not tests:
+        raise argparse.ArgumentTypeError(f"unknown tests {bad}; choose from {', '.join(TESTS)}")
+    return tests
+
+
+def _rendezvous(text: str) -> pb.Rendezvous:
+    try:
+        parts = text.split(",")
+        addr, _, port = parts[0].rpartition(":")
+        return pb.Rendezvous(master_addr=addr, master_port=int(port), world_size=int(parts[1]),
+                             node_rank=int(parts[2]), run_id=parts[3] if len(parts) > 3 else "")
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError("expected ADDR:PORT,WORLD_SIZE,NODE_RANK[,RUN_ID]") from None

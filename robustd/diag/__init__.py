@@ -1,0 +1,1 @@
+"""Stop-time diagnostics: the daemon side (runs, reports, children)."""
