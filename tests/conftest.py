@@ -83,8 +83,10 @@ class Daemon:
             self.config = _merge(self.config, config)
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
+    wrap: list[str] = []  # e.g. ["ip", "netns", "exec", NAME] to run the daemon in a network namespace
+
     def command(self, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "robustd.daemon", "--config", str(self.config_path), *extra]
+        return [*self.wrap, sys.executable, "-m", "robustd.daemon", "--config", str(self.config_path), *extra]
 
     def start(self, *extra: str, wait: bool = True, timeout: float = 20.0) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}

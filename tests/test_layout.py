@@ -30,8 +30,11 @@ def test_outside_paths_are_spelled_only_in_roots() -> None:
 
 
 def test_daemon_never_imports_torch() -> None:
+    """Only the stop-time children (checks/stoptime/, run as separate processes) may import torch."""
     bad = []
     for path in CODE:
+        if path.parent.name == "stoptime":
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -1,0 +1,146 @@
+"""Stop-time diagnostics through the real daemon's gRPC API: reports, conditions, refusals, cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+import pytest
+from conftest import REPO, Daemon
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.nvmlemu import state as emu
+
+FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
+
+
+def diag_daemon(make_daemon: Any, mode: str = "pass4", diagnostics: dict[str, Any] | None = None,
+                checks: dict[str, Any] | None = None) -> Daemon:
+    d = make_daemon({"diagnostics": {"eud": {"command": [FAKE_DCGMI, "diag", "-r", "eud", "-j"], "timeout": "20s"},
+                                     "test_faults": True, **(diagnostics or {})},
+                     "checks": {"kernel": {"enabled": False}, **(checks or {})}},
+                    env={"FAKE_DCGMI_MODE": mode})
+    d.start()
+    return d
+
+
+def stub(d: Daemon) -> pb_grpc.DiagnosticsStub:
+    return pb_grpc.DiagnosticsStub(d.channel())
+
+
+def run(d: Daemon, **req: Any) -> tuple[list[pb.DiagnosticProgress], pb.DiagnosticReport]:
+    msgs = list(stub(d).Run(pb.RunRequest(**req), timeout=120))
+    assert msgs[-1].phase == pb.DiagnosticProgress.PHASE_DONE
+    return msgs, msgs[-1].report
+
+
+def dcgmi_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if FAKE_DCGMI in (p.info["cmdline"] or [])]
+
+
+def test_eud_failure_names_gpus_raises_conditions_and_survives_restart(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, "fail4")
+    msgs, report = run(d, tests=["eud"])
+    phases = [m.phase for m in msgs]
+    assert phases[0] == pb.DiagnosticProgress.PHASE_STARTED and pb.DiagnosticProgress.PHASE_FINISHED in phases
+    assert report.outcome == pb.OUTCOME_FAIL
+    assert list(report.suspects) == ["gpu/index2", "gpu/index5"]
+    assert report.severity == pb.SEVERITY_CRITICAL
+    v = d.verdict()  # the scheduler sees it like any other fault
+    conds = {(c.component, c.code): c for c in v.conditions}
+    assert {k[1] for k in conds} == {"DIAG_EUD_FAILED"}
+    assert conds[("gpu/index5", "DIAG_EUD_FAILED")].action == pb.ACTION_RESET_GPU  # DCGM said RESET
+    assert conds[("gpu/index2", "DIAG_EUD_FAILED")].evidence["report"] == report.id
+    d.restart()
+    again = stub(d).Get(pb.GetDiagnosticRequest(id=report.id), timeout=5)
+    assert again == report
+    assert [r.id for r in stub(d).List(pb.ListDiagnosticsRequest(), timeout=5).reports] == [report.id]
+    r = d.robustctl("diag", "show", report.id)
+    assert r.returncode == 2 and "gpu/index2" in r.stdout and "FAIL" in r.stdout
+
+
+def test_missing_dcgmi_is_skipped_never_pass(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"eud": {"command": ["/nonexistent/dcgmi", "diag", "-j"]}})
+    _, report = run(d, tests=["eud"])
+    assert [x.status for x in report.results] == [pb.RESULT_SKIPPED]
+    assert "dcgmi" in report.results[0].message
+    assert report.outcome == pb.OUTCOME_ERROR and "nothing was tested" in report.message
+
+
+def test_second_run_is_aborted_and_cancel_kills_the_children(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, "hang", diagnostics={"eud": {"command": [FAKE_DCGMI, "diag", "-j"],
+                                                              "timeout": "10m"}})
+    got: list[pb.DiagnosticProgress] = []
+    t = threading.Thread(target=lambda: got.extend(stub(d).Run(pb.RunRequest(tests=["eud"]), timeout=60)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not dcgmi_processes():
+        assert time.monotonic() < deadline, "the fake dcgmi never started"
+        time.sleep(0.05)
+    running = stub(d).List(pb.ListDiagnosticsRequest(), timeout=5).reports[0]
+    assert running.outcome == pb.OUTCOME_RUNNING
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub(d).Run(pb.RunRequest(tests=["eud"]), timeout=10))
+    assert err.value.code() == grpc.StatusCode.ABORTED and running.id in (err.value.details() or "")
+    report = stub(d).Cancel(pb.CancelDiagnosticRequest(id=running.id), timeout=20)
+    assert report.outcome == pb.OUTCOME_CANCELLED
+    t.join(20)
+    assert got[-1].report.outcome == pb.OUTCOME_CANCELLED
+    assert dcgmi_processes() == []  # no orphan left behind
+    r = d.robustctl("diag", "list")
+    assert r.returncode == 0 and "CANCELLED" in r.stdout
+
+
+def test_a_hung_test_is_killed_at_its_timeout(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, "hang", diagnostics={"eud": {"command": [FAKE_DCGMI, "diag", "-j"], "timeout": "2s"}})
+    t0 = time.monotonic()
+    _, report = run(d, tests=["eud"])
+    assert time.monotonic() - t0 < 15
+    assert report.outcome == pb.OUTCOME_ERROR
+    assert any(x.status == pb.RESULT_ERROR for x in report.results)
+    assert dcgmi_processes() == []
+
+
+def test_busy_node_refused_unless_forced(make_daemon: Any, short_tmp: Path) -> None:
+    state = short_tmp / "nvml.state"
+    node = emu.healthy_node(2)
+    node.gpus[0].processes = "4242:1073741824"
+    emu.save(str(state), node)
+    d = diag_daemon(make_daemon, "pass4", checks={"gpu": {"enabled": True, "backend": "emulator",
+                                                          "emulator_state": str(state), "interval": "200ms"}})
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            list(stub(d).Run(pb.RunRequest(tests=["eud"]), timeout=30))
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "4242" in (err.details() or "")
+            break
+        assert time.monotonic() < deadline, "a busy node was not refused"
+        time.sleep(0.2)  # the GPU check has not polled yet
+    _, report = run(d, tests=["eud"], force=True)
+    assert report.outcome == pb.OUTCOME_PASS
+
+
+@pytest.mark.parametrize("req, words", [
+    ({"tests": ["eud"], "level": "quick"}, "not both"),
+    ({"level": "nope"}, "unknown level"),
+    ({"tests": ["memtest"]}, "unknown tests"),
+    ({"tests": ["eud"], "gpus": ["0000:99:00.0"]}, "unknown GPUs"),
+])
+def test_invalid_requests(make_daemon: Any, req: dict[str, Any], words: str) -> None:
+    d = diag_daemon(make_daemon)
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub(d).Run(pb.RunRequest(**req), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in (err.value.details() or "")
+
+
+def test_fault_injection_is_refused_unless_configured(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"test_faults": False})
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub(d).Run(pb.RunRequest(tests=["eud"], test_faults_json='{"eud": {}}'), timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
