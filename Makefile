@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(PY) bench/detect_hw.py
 	$(PY) bench/overhead.py
 	$(PY) bench/api_load.py
+	$(PY) bench/diag.py
 
 clean:
 	rm -rf $(VENV) run var build dist *.egg-info
