@@ -35,7 +35,7 @@ from robustd.diag.manager import codes as diag_codes
 from robustd.engine import Engine
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
-from robustd.roots import DEFAULT_CONFIG, read_boot_id
+from robustd.roots import DEFAULT_CONFIG, Roots, read_boot_id
 from robustd.runner import Runner
 from robustd.sdnotify import Notifier, setup_logging
 from robustd.store import Store
@@ -105,7 +105,7 @@ class Daemon:
             self.store.set_meta("boot_id", self.boot_id)
         self.store.prune(time.time(), cfg.retention.max_age, cfg.retention.max_events)
         self.diag = DiagManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
-                                self._gpu_view)
+                                self._gpu_view, cpu_model(self.settings.roots()))
         self.diag.recover()
         self.runner.run()
         self._install_signals()
@@ -280,6 +280,19 @@ class Daemon:
         self.runner.run()
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
         log.info("config reloaded from %s", self.config_path)
+
+
+def cpu_model(roots: Roots) -> str:
+    """`model name` from cpuinfo: MiniGPT digests on CPU are only comparable on one CPU model."""
+    try:
+        with open(roots.proc_path("cpuinfo"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _prepare_socket_path(path: str) -> None:

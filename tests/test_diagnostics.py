@@ -144,3 +144,28 @@ def test_fault_injection_is_refused_unless_configured(make_daemon: Any) -> None:
     with pytest.raises(grpc.RpcError) as err:
         list(stub(d).Run(pb.RunRequest(tests=["eud"], test_faults_json='{"eud": {}}'), timeout=10))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _maps(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        return f.read()
+
+
+def test_minigpt_through_the_daemon_odd_rank_out_golden_and_no_torch_in_the_daemon(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"minigpt": {"steps": 5}, "collectives": {"cpu_ranks": 3}})
+    _, report = run(d, tests=["minigpt"], test_faults_json='{"minigpt": {"perturb_ulp": {"rank": 1}}}')
+    assert report.outcome == pb.OUTCOME_FAIL and list(report.suspects) == ["rank/1"]
+    assert report.severity == pb.SEVERITY_CRITICAL  # silent data corruption: out of its jobs
+    _, good = run(d, tests=["minigpt"])
+    assert good.outcome == pb.OUTCOME_PASS
+    assert not any(c.code == "DIAG_MINIGPT_FAILED" for c in d.verdict().conditions)  # the pass cleared it
+    golden = stub(d).RecordGolden(pb.RecordGoldenRequest(), timeout=5)
+    host = next(x for x in good.results if x.component == "host")
+    assert golden.report_id == good.id and golden.digest == host.details["node_digest"]
+    assert "torch" in golden.key and "steps" in golden.key
+    _, again = run(d, tests=["minigpt"])
+    host = next(x for x in again.results if x.component == "host")
+    assert again.outcome == pb.OUTCOME_PASS and host.details["golden"] == golden.digest
+    r = d.robustctl("diag", "golden", "show")
+    assert r.returncode == 0 and golden.digest[:16] in r.stdout
+    assert d.proc is not None and "libtorch" not in _maps(d.proc.pid)  # children only

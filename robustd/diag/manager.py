@@ -77,13 +77,14 @@ class Run:
 
 class DiagManager:
     def __init__(self, engine: Engine, config: Callable[[], DiagnosticsConfig], node: str, state_dir: str,
-                 gpu_view: Callable[[], GpuView]):
+                 gpu_view: Callable[[], GpuView], cpu_model: str = ""):
         self.engine = engine
         self.store = engine.store
         self.config = config
         self.node = node
         self.work_root = os.path.join(state_dir, "diag")
         self.gpu_view = gpu_view
+        self.cpu_model = cpu_model or "unknown CPU"
         self.running: Run | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -264,8 +265,12 @@ class DiagManager:
         host = next((r for r in results if r.component == "host" and "node_digest" in r.details), None)
         if host is None:
             return results
-        device, torch_version = host.details.get("device", "cpu"), host.details.get("torch_version", "?")
-        key = f"{device}|{view.driver or 'no driver'}|torch {torch_version}"
+        d = host.details
+        device = d.get("device", "cpu")
+        if device == "cpu":  # CPU kernels differ by instruction set: a CPU digest holds for one CPU model
+            device = f"cpu {self.cpu_model}"
+        key = (f"{device}|{view.driver or 'no driver'}|torch {d.get('torch_version', '?')}"
+               f"|{d.get('model', '?')}|{d.get('steps', '?')} steps")
         host.details["golden_key"] = key
         golden = dict((k, d) for k, d, _r, _at in self.store.goldens()).get(key)
         if golden is not None:
