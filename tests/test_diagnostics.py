@@ -169,3 +169,22 @@ def test_minigpt_through_the_daemon_odd_rank_out_golden_and_no_torch_in_the_daem
     r = d.robustctl("diag", "golden", "show")
     assert r.returncode == 0 and golden.digest[:16] in r.stdout
     assert d.proc is not None and "libtorch" not in _maps(d.proc.pid)  # children only
+
+
+def test_all_to_all_corrupt_byte_names_the_sender_on_watch(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"collectives": {"cpu_ranks": 4}})
+    with d.channel() as ch:
+        health = pb_grpc.NodeHealthStub(ch)
+        head = health.GetVerdict(pb.GetVerdictRequest(), timeout=5).seq
+        watch = health.Watch(pb.WatchRequest(from_seq=head))
+        _, report = run(d, tests=["all_to_all", "minigpt"],
+                        test_faults_json='{"all_to_all": {"flip_bit": {"rank": 2}}}')
+        ev = next(iter(watch))
+        watch.cancel()
+    assert report.outcome == pb.OUTCOME_FAIL and list(report.suspects) == ["rank/2"]
+    assert [x.status for x in report.results if x.test == "minigpt"] == [pb.RESULT_SKIPPED]  # stop_on_failure
+    assert (ev.kind, ev.condition.code, ev.condition.component) == (
+        pb.EVENT_KIND_RAISED, "DIAG_ALL_TO_ALL_FAILED", "rank/2")
+    passing = [x for x in report.results if x.status == pb.RESULT_PASS]
+    assert {x.component for x in passing} == {"rank/0", "rank/1", "rank/3"}
+    assert all(x.figures["busbw_gbps"] > 0 for x in passing)

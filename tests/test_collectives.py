@@ -1,0 +1,200 @@
+"""The stop-time collectives child (checks/stoptime/collectives.py), run as the daemon runs it: gloo on CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from checks.stoptime.collectives import Launcher
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = {"size_mb": 0.5, "iterations": 3, "warmup": 1}  # keep every run to a few seconds on 2 cores
+FAKE_GPUS = [{"index": i, "bus_id": f"0000:{0x1b + i:02x}:00.0", "uuid": f"GPU-fake-{i}", "name": "Fake"}
+             for i in range(4)]
+
+
+class Child:
+    """One `python -m checks.stoptime.collectives --spec SPEC` run; remembers every descendant it saw."""
+
+    def __init__(self, spec: dict[str, Any], tmp: Path, name: str = "spec"):
+        self.path = tmp / f"{name}.json"
+        self.path.write_text(json.dumps(spec))
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "checks.stoptime.collectives", "--spec", str(self.path)],
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.seen: dict[int, float] = {}
+        self._watch = threading.Thread(target=self._track, daemon=True)
+        self._watch.start()
+
+    def _track(self) -> None:
+        try:
+            me = psutil.Process(self.proc.pid)
+            while self.proc.poll() is None:
+                for c in me.children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        self.seen.setdefault(c.pid, c.create_time())
+                time.sleep(0.05)
+        except psutil.NoSuchProcess:
+            pass
+
+    def wait(self, timeout: float) -> tuple[int, list[dict[str, Any]], str, float]:
+        out, err = self.proc.communicate(timeout=timeout)
+        elapsed = time.monotonic() - self.t0
+        self._watch.join(5)
+        lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+        return self.proc.returncode, lines, err.decode(errors="replace"), elapsed
+
+    def survivors(self) -> list[int]:
+        alive = []
+        for pid, created in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+
+def results(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for line in lines:
+        if line.get("type") == "result":
+            assert line["component"] not in out, f"two results for {line['component']}"
+            out[line["component"]] = line
+    return out
+
+
+def run_a2a(tmp: Path, **extra: Any) -> tuple[dict[str, dict[str, Any]], float, Child]:
+    spec = {"test": "all_to_all", "run_id": "t", "node": "n0", "work_dir": str(tmp / "work"), "timeout": 40.0,
+            "gpus": [], "backend": "gloo", "cpu_ranks": 4, "min_busbw_gbps": 0.0, "faults": {}, **SMALL, **extra}
+    child = Child(spec, tmp)
+    rc, lines, err, elapsed = child.wait(spec["timeout"] + 15)
+    assert rc == 0, err[-3000:]
+    assert all(line.get("type") in ("progress", "result") for line in lines)
+    assert not child.survivors(), "worker processes outlived the child"
+    assert child.seen, "no worker process was ever seen"
+    return results(lines), elapsed, child
+
+
+def statuses(res: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {c: r["status"] for c, r in res.items()}
+
+
+def test_all_to_all_passes_with_bandwidth(tmp_path: Path) -> None:
+    res, _, _ = run_a2a(tmp_path)
+    assert statuses(res) == {f"rank/{i}": "PASS" for i in range(4)}
+    for r in res.values():
+        f = r["figures"]
+        assert f["busbw_gbps"] > 0 and f["algbw_gbps"] > f["busbw_gbps"]  # busbw = algbw * 3/4
+        assert abs(f["busbw_gbps"] - f["algbw_gbps"] * 3 / 4) < 1e-3
+        assert f["duration_s"] > 0 and f["bytes"] > 0
+        assert r["details"]["completed"] is True
+
+
+def test_flip_bit_names_the_sender(tmp_path: Path) -> None:
+    res, _, _ = run_a2a(tmp_path, faults={"flip_bit": {"rank": 2}})
+    assert statuses(res) == {"rank/0": "PASS", "rank/1": "PASS", "rank/2": "FAIL", "rank/3": "PASS"}
+    assert "wrong bytes" in res["rank/2"]["message"] and "rank 3" in res["rank/2"]["message"]
+
+
+def test_delayed_rank_is_the_hung_one(tmp_path: Path) -> None:
+    res, elapsed, _ = run_a2a(tmp_path, timeout=12.0, faults={"delay": {"rank": 1, "seconds": 120}})
+    assert res["rank/1"]["status"] == "FAIL" and "hung" in res["rank/1"]["message"]
+    assert [c for c, s in statuses(res).items() if s == "FAIL"] == ["rank/1"]
+    assert elapsed < 12.0 + 10.0  # the daemon's kill comes at timeout + 10 s; the child reports before it
+
+
+def test_killed_rank_is_the_crashed_one(tmp_path: Path) -> None:
+    res, _, _ = run_a2a(tmp_path, faults={"kill": {"rank": 3}})
+    assert res["rank/3"]["status"] == "FAIL" and "crashed" in res["rank/3"]["message"]
+    assert [c for c, s in statuses(res).items() if s == "FAIL"] == ["rank/3"]
+
+
+def test_gpu_components_and_floor(tmp_path: Path) -> None:
+    res, _, _ = run_a2a(tmp_path, gpus=FAKE_GPUS, min_busbw_gbps=1e6)  # gloo on CPU, the fake GPUs' names
+    assert set(res) == {f"gpu/{g['bus_id']}" for g in FAKE_GPUS} | {"host"}
+    assert res["host"]["status"] == "FAIL" and "floor" in res["host"]["message"]
+
+
+def test_bad_data_attribution() -> None:
+    bad = Launcher.bad_data_suspects
+    one = [{"sender": 2, "receiver": 3, "iteration": 1, "offset": 9, "expected": 1, "got": 0}]
+    assert list(bad(one, [0, 1, 2, 3], [0, 1, 2, 3])) == [2]
+    # one receiver got wrong bytes from every other sender: the receiver is the suspect
+    every = [{"sender": s, "receiver": 0, "iteration": 0, "offset": 0, "expected": 1, "got": 0} for s in (1, 2, 3)]
+    assert list(bad(every, [0, 1, 2, 3], [0, 1, 2, 3])) == [0]
+    # one sender's data wrong at every receiver: the sender
+    spread = [{"sender": 1, "receiver": r, "iteration": 0, "offset": 0, "expected": 1, "got": 0} for r in (0, 2, 3)]
+    assert list(bad(spread, [0, 1, 2, 3], [0, 1, 2, 3])) == [1]
+
+
+# ----------------------------------------------------------------------------------------------
+# all_gather: three "nodes" on this machine, one rendezvous on 127.0.0.1
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_ag(tmp: Path, node_ranks: list[int], world: int = 3, timeout: float = 40.0,
+           faults: dict[int, dict[str, Any]] | None = None) -> dict[int, tuple[dict[str, dict[str, Any]], float]]:
+    port = free_port()
+    children = {}
+    for k in node_ranks:
+        spec = {"test": "all_gather", "run_id": f"t{port}", "node": f"node-{k}", "work_dir": str(tmp / f"w{k}"),
+                "timeout": timeout, "gpus": [], "backend": "gloo", "cpu_ranks": 4, "min_busbw_gbps": 0.0,
+                "rendezvous": {"master_addr": "127.0.0.1", "master_port": port, "world_size": world,
+                               "node_rank": k, "run_id": f"job-{port}"},
+                "faults": (faults or {}).get(k, {}), **SMALL}
+        children[k] = Child(spec, tmp, f"node{k}")
+    out = {}
+    for k, child in children.items():
+        rc, lines, err, elapsed = child.wait(timeout + 15)
+        assert rc == 0, f"node {k}: {err[-3000:]}"
+        assert not child.survivors(), f"node {k}: worker processes outlived the child"
+        out[k] = (results(lines), elapsed)
+    return out
+
+
+def test_all_gather_three_nodes_pass(tmp_path: Path) -> None:
+    out = run_ag(tmp_path, [0, 1, 2])
+    for k, (res, _) in out.items():
+        assert statuses(res) == {f"node/node-{j}": "PASS" for j in range(3) if j != k}, (k, res)
+        for r in res.values():
+            assert r["figures"]["busbw_gbps"] > 0 and r["figures"]["bytes"] > 0
+
+
+def test_all_gather_corrupt_node_is_named_by_every_peer(tmp_path: Path) -> None:
+    out = run_ag(tmp_path, [0, 1, 2], faults={1: {"corrupt_node": True}})
+    for k in (0, 2):
+        res = out[k][0]
+        fails = [c for c, s in statuses(res).items() if s == "FAIL"]
+        assert fails == ["node/node-1"], (k, res)
+        assert "wrong bytes" in res["node/node-1"]["message"]
+    # node 1 judges its peers fine; its own data coming back wrong is on its `host`
+    res1 = out[1][0]
+    assert res1["node/node-0"]["status"] == "PASS" and res1["node/node-2"]["status"] == "PASS"
+
+
+@pytest.mark.parametrize("timeout", [10.0])
+def test_all_gather_missing_node_is_named(tmp_path: Path, timeout: float) -> None:
+    out = run_ag(tmp_path, [0, 1], world=3, timeout=timeout)
+    for k in (0, 1):
+        res, elapsed = out[k]
+        assert res["node/rank2"]["status"] in ("FAIL", "ERROR"), res
+        assert "never joined" in res["node/rank2"]["message"]
+        peer = f"node/node-{1 - k}"
+        assert res[peer]["status"] != "FAIL"
+        assert elapsed < timeout + 10.0
