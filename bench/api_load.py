@@ -22,7 +22,11 @@ from robustd.api.v1 import robustd_pb2_grpc as pb_grpc  # noqa: E402
 
 
 async def load(target: str, rate: float, seconds: float, streams: int) -> tuple[list[float], int]:
-    async with grpc.aio.insecure_channel(target) as watch_ch, grpc.aio.insecure_channel(target) as ch:
+    # Separate connections (not a shared subchannel): the daemon caps streams per connection
+    # (listen.max_concurrent_streams, default 100), as a scheduler's watchers would be spread too.
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(target, options=own) as watch_ch, \
+            grpc.aio.insecure_channel(target, options=own) as ch:
         watchers = [pb_grpc.NodeHealthStub(watch_ch).Watch(pb.WatchRequest(from_seq=0)) for _ in range(streams)]
         for w in watchers:
             await w.wait_for_connection()

@@ -30,9 +30,49 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class TlsConfig(Strict):
+    cert: str = Field(min_length=1)  # PEM server certificate (chain)
+    key: str = Field(min_length=1)  # PEM private key
+    client_ca: str | None = None  # PEM CA bundle: set = mutual TLS, every client must present a cert it signed
+
+    @model_validator(mode="after")
+    def _readable(self) -> TlsConfig:
+        for name in ("cert", "key", "client_ca"):
+            path = getattr(self, name)
+            if path is None:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.read(1)
+            except OSError as e:
+                raise ValueError(f"listen.tls.{name}: cannot read {path}: {e.strerror}") from e
+        return self
+
+
 class ListenConfig(Strict):
     unix: str = DEFAULT_SOCKET
-    tcp: str | None = None  # host:port; plaintext for now (TLS arrives with the security work)
+    unix_mode: int = Field(default=0o660, ge=0, le=0o777)  # file mode of the Unix socket
+    tcp: str | None = None  # host:port; needs `tls`, or `insecure: true` for plaintext
+    tls: TlsConfig | None = None
+    insecure: bool = False  # allow `tcp` without TLS (logged as a warning at every start)
+    max_message_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # per message, received and sent
+    max_concurrent_streams: int = Field(default=100, ge=1, le=10_000)  # per connection (HTTP/2 streams)
+
+    @model_validator(mode="after")
+    def _tcp_needs_tls(self) -> ListenConfig:
+        if self.tcp and self.tls is None and not self.insecure:
+            raise ValueError("listen.tcp needs listen.tls (cert and key), or listen.insecure: true to serve "
+                             "plaintext")
+        return self
+
+
+class DisruptiveAuthz(Strict):
+    identities: list[str] = Field(default_factory=list)  # client certificate names (SAN DNS/URI or CN), TCP
+    unix_groups: list[str] = Field(default_factory=list)  # groups whose members may, on the Unix socket
+
+
+class AuthzConfig(Strict):
+    disruptive: DisruptiveAuthz = Field(default_factory=DisruptiveAuthz)
 
 
 class MetricsConfig(Strict):
@@ -109,6 +149,7 @@ class Config(Strict):
     boot_id_path: str = DEFAULT_BOOT_ID
     log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error)$")
     listen: ListenConfig = Field(default_factory=ListenConfig)
+    authz: AuthzConfig = Field(default_factory=AuthzConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -121,7 +162,7 @@ class Config(Strict):
     def _empty_sections(cls, data: Any) -> Any:
         """`metrics:` with only comments under it means the defaults, not an error."""
         if isinstance(data, dict):
-            sections = ("listen", "metrics", "retention", "policy", "roots", "diagnostics", "checks")
+            sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "checks")
             return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
         return data
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import grp
 import logging
 import os
 import signal
@@ -27,9 +28,10 @@ from robustd.api.diagnostics import DiagnosticsServicer
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.authz import Authorizer, AuthzInterceptor, UnixFront
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, CodeTable
-from robustd.config import ConfigError, Settings, load_config
+from robustd.config import ConfigError, Settings, TlsConfig, load_config
 from robustd.diag.manager import DiagManager, GpuView
 from robustd.diag.manager import codes as diag_codes
 from robustd.engine import Engine
@@ -127,6 +129,7 @@ class Daemon:
             await self.diag.cancel(self.diag.running.id)
         await self.health.enter_graceful_shutdown()
         await server.stop(grace=2)
+        await self.front.close()
         await self.runner.stop()
         self.store.close()
         return 0
@@ -166,7 +169,16 @@ class Daemon:
 
     async def _serve(self) -> grpc.aio.Server:
         cfg = self.settings.config
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 4 << 20)])
+        listen = cfg.listen
+        path = listen.unix
+        _prepare_socket_path(path)
+        self.front = UnixFront(path, listen.unix_mode)
+        authz = Authorizer(lambda: self.settings.config.authz, self.front)
+        server = grpc.aio.server(
+            interceptors=[AuthzInterceptor(authz)],
+            options=[("grpc.max_receive_message_length", listen.max_message_bytes),
+                     ("grpc.max_send_message_length", listen.max_message_bytes),
+                     ("grpc.max_concurrent_streams", listen.max_concurrent_streams)])
         servicer = NodeHealthServicer(self.engine, cfg.node_name, self.boot_id, lambda: self.runner.states)
         pb_grpc.add_NodeHealthServicer_to_server(servicer, server)
         pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(self.diag), server)
@@ -175,13 +187,25 @@ class Daemon:
                  pb.DESCRIPTOR.services_by_name["Diagnostics"].full_name,
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
-        path = cfg.listen.unix
-        _prepare_socket_path(path)
-        server.add_insecure_port(f"unix:{path}")
-        if cfg.listen.tcp:
-            server.add_insecure_port(cfg.listen.tcp)
+        server.add_insecure_port(self.front.inner_address)
+        if listen.tcp:
+            if listen.tls is not None:
+                if server.add_secure_port(listen.tcp, _tls_credentials(listen.tls)) == 0:
+                    raise RuntimeError(f"listen.tcp: cannot listen on {listen.tcp}")
+                log.info("gRPC over TLS on %s%s", listen.tcp,
+                         " (mutual TLS: client certificates required)" if listen.tls.client_ca else "")
+            else:
+                log.warning("listen.insecure: gRPC on %s is PLAINTEXT and unauthenticated: anyone who can reach "
+                            "it reads this node's state; configure listen.tls", listen.tcp)
+                if server.add_insecure_port(listen.tcp) == 0:
+                    raise RuntimeError(f"listen.tcp: cannot listen on {listen.tcp}")
         await server.start()
-        os.chmod(path, 0o660)
+        await self.front.start()
+        for name in cfg.authz.disruptive.unix_groups:
+            try:
+                grp.getgrnam(name)
+            except KeyError:
+                log.warning("authz.disruptive.unix_groups: no group named %r on this host", name)
         return server
 
     def _start_metrics(self) -> None:
@@ -266,6 +290,7 @@ class Daemon:
         self.notifier.send("RELOADING=1")
         await self.runner.stop()
         self.settings = Settings(config=old.model_copy(update={"retention": new.config.retention,
+                                                                "authz": new.config.authz,
                                                                 "policy": new.config.policy,
                                                                 "roots": new.config.roots,
                                                                 "log_level": new.config.log_level}),
@@ -280,6 +305,21 @@ class Daemon:
         self.runner.run()
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
         log.info("config reloaded from %s", self.config_path)
+
+
+def _tls_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    def read(key: str, path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise RuntimeError(f"listen.tls.{key}: cannot read {path}: {e.strerror}") from e
+
+    pair = (read("key", tls.key), read("cert", tls.cert))
+    if tls.client_ca:
+        return grpc.ssl_server_credentials([pair], root_certificates=read("client_ca", tls.client_ca),
+                                           require_client_auth=True)
+    return grpc.ssl_server_credentials([pair])
 
 
 def cpu_model(roots: Roots) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, need_root
+from conftest import IN_CI, Daemon, need_root
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
@@ -127,7 +127,7 @@ def tmpfs(short_tmp: Path) -> Any:
     try:
         _sh("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt))
     except subprocess.CalledProcessError as e:
-        pytest.skip(f"cannot mount a tmpfs here: {e.stderr.decode().strip()}")
+        (pytest.fail if IN_CI else pytest.skip)(f"cannot mount a tmpfs here: {e.stderr.decode().strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=10)
 

@@ -1,0 +1,256 @@
+"""TLS, mutual TLS and authorization on the real daemon, with real certificates made by `openssl` here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import REPO, Daemon, need_root
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+
+FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
+ALLOWED = "scheduler.example"
+ALLOWED_GROUP = "adm"  # exists on Debian; the tests add no group to the host
+
+
+def openssl(*args: str) -> None:
+    r = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def make_cert(d: Path, name: str, cn: str, ext: str, ca: str | None = None) -> None:
+    """d/name.pem and d/name.key (P-256), self-signed when ca is None, else signed by d/ca.{pem,key}."""
+    cfg = d / f"{name}.cnf"
+    cfg.write_text(f"[req]\ndistinguished_name = dn\n[dn]\n[ext]\n{ext}\n")
+    args = ["req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.pem"), "-days", "2", "-subj", f"/CN={cn}",
+            "-config", str(cfg), "-extensions", "ext"]
+    if ca:
+        args += ["-CA", str(d / f"{ca}.pem"), "-CAkey", str(d / f"{ca}.key")]
+    openssl(*args)
+
+
+LEAF = "basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
+CA = "basicConstraints = critical, CA:TRUE\nkeyUsage = critical, keyCertSign, cRLSign\n"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    make_cert(d, "ca", "robustd test CA", CA)
+    make_cert(d, "other_ca", "unrelated CA", CA)
+    make_cert(d, "server", "robustd server", LEAF + "extendedKeyUsage = serverAuth\n"
+              "subjectAltName = DNS:localhost, IP:127.0.0.1\n", ca="ca")
+    client = LEAF + "extendedKeyUsage = clientAuth\n"
+    make_cert(d, "allowed", "ops", client + f"subjectAltName = DNS:{ALLOWED}\n", ca="ca")
+    make_cert(d, "denied", "intruder", client + "subjectAltName = DNS:intruder.example\n", ca="ca")
+    make_cert(d, "stranger", "stranger", client + f"subjectAltName = DNS:{ALLOWED}\n", ca="other_ca")
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tls_channel(pki: Path, port: int, client: str | None, trust: str = "ca") -> grpc.Channel:
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(pki / f"{trust}.pem").read_bytes(),
+        private_key=(pki / f"{client}.key").read_bytes() if client else None,
+        certificate_chain=(pki / f"{client}.pem").read_bytes() if client else None)
+    return grpc.secure_channel(f"localhost:{port}", creds)
+
+
+def code_of(call: Any) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK
+
+
+def verdict(ch: grpc.Channel) -> Any:
+    return lambda: pb_grpc.NodeHealthStub(ch).GetVerdict(pb.GetVerdictRequest(), timeout=5)
+
+
+def acknowledge(ch: grpc.Channel) -> Any:
+    return lambda: pb_grpc.NodeHealthStub(ch).Acknowledge(
+        pb.AcknowledgeRequest(component="gpu/index0", code="XID_79"), timeout=5)
+
+
+def run_eud(ch: grpc.Channel) -> Any:
+    return lambda: list(pb_grpc.DiagnosticsStub(ch).Run(pb.RunRequest(tests=["eud"]), timeout=60))
+
+
+def reports(d: Daemon) -> list[Any]:
+    with d.channel() as ch:
+        return list(pb_grpc.DiagnosticsStub(ch).List(pb.ListDiagnosticsRequest(), timeout=5).reports)
+
+
+def secured_daemon(make_daemon: Any, pki: Path, port: int, **listen: Any) -> Daemon:
+    tls = {"cert": str(pki / "server.pem"), "key": str(pki / "server.key"), "client_ca": str(pki / "ca.pem")}
+    d = make_daemon({"listen": {"tcp": f"127.0.0.1:{port}", "tls": tls, **listen},
+                     "authz": {"disruptive": {"identities": [ALLOWED], "unix_groups": [ALLOWED_GROUP]}},
+                     "diagnostics": {"eud": {"command": [FAKE_DCGMI, "diag", "-r", "eud", "-j"], "timeout": "20s"}},
+                     "checks": {"kernel": {"enabled": False}}},
+                    env={"FAKE_DCGMI_MODE": "pass4"})
+    d.start()
+    return d
+
+
+def test_mutual_tls_admits_only_verified_clients_and_only_allowed_ones_disrupt(make_daemon: Any, pki: Path) -> None:
+    port = free_port()
+    d = secured_daemon(make_daemon, pki, port)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:  # plaintext against the TLS port
+        assert code_of(verdict(ch)) == grpc.StatusCode.UNAVAILABLE
+    with tls_channel(pki, port, "stranger") as ch:  # a client certificate from an unrelated CA
+        assert code_of(verdict(ch)) == grpc.StatusCode.UNAVAILABLE
+    with tls_channel(pki, port, "allowed", trust="other_ca") as ch:  # the client does not trust the server
+        assert code_of(verdict(ch)) == grpc.StatusCode.UNAVAILABLE
+    with tls_channel(pki, port, None) as ch:  # no client certificate at all
+        assert code_of(verdict(ch)) == grpc.StatusCode.UNAVAILABLE
+
+    with tls_channel(pki, port, "denied") as ch:  # authenticated, not allowed: reads yes, disrupts no
+        assert pb_grpc.NodeHealthStub(ch).GetVerdict(pb.GetVerdictRequest(), timeout=5).node == "test-node"
+        assert pb_grpc.NodeHealthStub(ch).ListChecks(pb.ListChecksRequest(), timeout=5).checks
+        assert pb_grpc.DiagnosticsStub(ch).List(pb.ListDiagnosticsRequest(), timeout=5).reports == []
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(run_eud(ch)) == grpc.StatusCode.PERMISSION_DENIED
+        diag = pb_grpc.DiagnosticsStub(ch)
+        assert code_of(lambda: diag.Cancel(pb.CancelDiagnosticRequest(id="x"), timeout=5)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(lambda: diag.RecordGolden(pb.RecordGoldenRequest(report_id="x"), timeout=5)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+    assert reports(d) == []  # nothing ran
+    assert "Diagnostics/Run refused: certificate intruder.example" in d.log()
+
+    with tls_channel(pki, port, "allowed") as ch:
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.NOT_FOUND  # past authorization, no such condition
+        msgs = run_eud(ch)()
+    assert msgs[-1].phase == pb.DiagnosticProgress.PHASE_DONE
+    assert msgs[-1].report.outcome == pb.OUTCOME_PASS
+    assert [r.id for r in reports(d)] == [msgs[-1].report.id]
+    with d.channel() as ch:  # root on the Unix socket is allowed
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.NOT_FOUND
+
+    # The allowlist reloads on SIGHUP; a certificate's CN counts as a name too.
+    d.write_config({"authz": {"disruptive": {"identities": ["intruder"]}}})
+    d.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "config reloaded" not in d.log():
+        assert time.monotonic() < deadline, d.log()
+        time.sleep(0.05)
+    with tls_channel(pki, port, "denied") as ch:
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.NOT_FOUND
+    with tls_channel(pki, port, "allowed") as ch:
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+CLIENT = """
+import json, sys, grpc
+from robustd.api.v1 import robustd_pb2 as pb, robustd_pb2_grpc as pb_grpc
+def code(f):
+    try:
+        f()
+    except grpc.RpcError as e:
+        return e.code().name
+    return "OK"
+ch = grpc.insecure_channel("unix://" + sys.argv[1])
+nh, dg = pb_grpc.NodeHealthStub(ch), pb_grpc.DiagnosticsStub(ch)
+print(json.dumps({
+    "verdict": code(lambda: nh.GetVerdict(pb.GetVerdictRequest(), timeout=5)),
+    "list": code(lambda: dg.List(pb.ListDiagnosticsRequest(), timeout=5)),
+    "ack": code(lambda: nh.Acknowledge(pb.AcknowledgeRequest(component="gpu/index0", code="XID_79"), timeout=5)),
+    "cancel": code(lambda: dg.Cancel(pb.CancelDiagnosticRequest(id="x"), timeout=5)),
+    "run": code(lambda: list(dg.Run(pb.RunRequest(tests=["eud"]), timeout=30))),
+}))
+"""
+
+
+def as_user(d: Daemon, *groups: str) -> dict[str, str]:
+    who = ["--groups", ",".join(groups)] if groups else ["--clear-groups"]
+    r = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", *who, sys.executable, "-c", CLIENT,
+                        d.socket], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def test_unix_socket_peer_credentials(make_daemon: Any, pki: Path) -> None:
+    need_root("running clients as another uid")
+    d = secured_daemon(make_daemon, pki, free_port(), unix_mode=0o666)
+    for p in (d.root, d.root.parent):
+        os.chmod(p, 0o711)  # let `nobody` reach the socket
+    got = as_user(d)
+    assert got == {"verdict": "OK", "list": "OK", "ack": "PERMISSION_DENIED", "cancel": "PERMISSION_DENIED",
+                   "run": "PERMISSION_DENIED"}, got
+    assert reports(d) == []
+    assert "uid 65534" in d.log()
+    got = as_user(d, ALLOWED_GROUP)  # a supplementary group in authz.disruptive.unix_groups
+    assert got["ack"] == "NOT_FOUND" and got["cancel"] == "NOT_FOUND" and got["run"] == "OK", got
+    assert len(reports(d)) == 1
+
+
+def test_plaintext_tcp_needs_insecure_and_warns(make_daemon: Any, pki: Path) -> None:
+    port = free_port()
+    d = make_daemon({"listen": {"tcp": f"127.0.0.1:{port}"}, "checks": {"kernel": {"enabled": False}}})
+    r = subprocess.run(d.command(), capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert r.returncode == 1 and "listen.tcp" in r.stderr and "insecure" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+    d.write_config({"listen": {"insecure": True}})
+    d.start()
+    assert "WARNING" in d.log() and "PLAINTEXT" in d.log()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:  # reads work; nobody is identified to disrupt
+        assert code_of(verdict(ch)) == grpc.StatusCode.OK
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(run_eud(ch)) == grpc.StatusCode.UNAUTHENTICATED
+    d.restart()
+    assert d.log().count("PLAINTEXT") == 2  # at every start
+
+    # The Unix relay's private directory goes with the daemon; one a killed daemon left is swept.
+    d.kill()
+    assert len(list(d.root.glob(".robustd-*"))) == 1
+    d.start()
+    assert len(list(d.root.glob(".robustd-*"))) == 1
+    d.stop()
+    assert list(d.root.glob(".robustd-*")) == []
+
+
+def test_unreadable_tls_files_are_config_errors(make_daemon: Any, pki: Path) -> None:
+    d = make_daemon({"listen": {"tcp": f"127.0.0.1:{free_port()}",
+                                "tls": {"cert": str(pki / "missing.pem"), "key": str(pki / "server.key")}},
+                     "checks": {"kernel": {"enabled": False}}})
+    r = subprocess.run(d.command("--check-config"), capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert r.returncode == 1 and "listen.tls.cert" in r.stderr and "missing.pem" in r.stderr, r.stderr
+
+
+def test_tls_without_client_ca_and_bounded_messages(make_daemon: Any, pki: Path) -> None:
+    port = free_port()
+    d = make_daemon({"listen": {"tcp": f"127.0.0.1:{port}", "max_message_bytes": 4096,
+                                "tls": {"cert": str(pki / "server.pem"), "key": str(pki / "server.key")}},
+                     "checks": {"kernel": {"enabled": False}}})
+    d.start()
+    with tls_channel(pki, port, None) as ch:  # server-only TLS: anonymous callers read, never disrupt
+        assert code_of(verdict(ch)) == grpc.StatusCode.OK
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.UNAUTHENTICATED
+    with tls_channel(pki, port, "denied") as ch:  # a certificate the server did not ask to verify: no identity
+        assert code_of(acknowledge(ch)) == grpc.StatusCode.UNAUTHENTICATED
+    with d.channel() as ch:
+        nh = pb_grpc.NodeHealthStub(ch)
+        big = pb.AcknowledgeRequest(component="gpu/index0", code="XID_79", reason="x" * 8192)
+        assert code_of(lambda: nh.Acknowledge(big, timeout=5)) == grpc.StatusCode.RESOURCE_EXHAUSTED
