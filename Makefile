@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv
+DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv lintian rpm systemd openssl
 
-.PHONY: run test lint proto bench deps clean
+.PHONY: run test lint proto bench deps clean deb rpm
 
 # Debian packages robustd's build and tests need; installed only when run as root and missing.
 deps:
@@ -54,6 +54,15 @@ bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/api_load.py
 	$(PY) bench/diag.py
+
+# Packages (packaging/build.sh; README "Install"). PKG_DIR: where they go. ROBUSTD_VERSION overrides the version.
+PKG_DIR ?= dist
+
+deb: $(STAMP)
+	packaging/build.sh deb $(PKG_DIR)
+
+rpm: $(STAMP)
+	packaging/build.sh rpm $(PKG_DIR)
 
 clean:
 	rm -rf $(VENV) run var build dist *.egg-info
