@@ -92,9 +92,10 @@ def peer_credentials(sock: socket.socket) -> UnixPeer:
 class UnixFront:
     """The public Unix socket: records each peer's credentials and relays it to gRPC's inner socket."""
 
-    def __init__(self, path: str, mode: int):
+    def __init__(self, path: str, mode: int, group: str | None = None):
         self.path = path
         self.mode = mode
+        self.group = group
         parent = os.path.dirname(os.path.abspath(path))
         _sweep_stale(parent)
         self.dir = tempfile.mkdtemp(prefix=".robustd-", dir=parent)
@@ -111,6 +112,10 @@ class UnixFront:
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._accept, self.path, limit=RELAY_CHUNK)
+        if self.group is not None:  # members of this group can connect (mode 0660 by default)
+            import grp
+
+            os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
         os.chmod(self.path, self.mode)
 
     async def close(self) -> None:

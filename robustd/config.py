@@ -52,11 +52,24 @@ class TlsConfig(Strict):
 class ListenConfig(Strict):
     unix: str = DEFAULT_SOCKET
     unix_mode: int = Field(default=0o660, ge=0, le=0o777)  # file mode of the Unix socket
+    unix_group: str | None = None  # group owning the socket, e.g. the one in authz.disruptive.unix_groups
     tcp: str | None = None  # host:port; needs `tls`, or `insecure: true` for plaintext
     tls: TlsConfig | None = None
     insecure: bool = False  # allow `tcp` without TLS (logged as a warning at every start)
     max_message_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # per message, received and sent
     max_concurrent_streams: int = Field(default=100, ge=1, le=10_000)  # per connection (HTTP/2 streams)
+
+    @field_validator("unix_group")
+    @classmethod
+    def _group_exists(cls, name: str | None) -> str | None:
+        if name is not None:
+            import grp
+
+            try:
+                grp.getgrnam(name)
+            except KeyError:
+                raise ValueError(f"no such group {name!r}") from None
+        return name
 
     @model_validator(mode="after")
     def _tcp_needs_tls(self) -> ListenConfig:

@@ -172,7 +172,7 @@ class Daemon:
         listen = cfg.listen
         path = listen.unix
         _prepare_socket_path(path)
-        self.front = UnixFront(path, listen.unix_mode)
+        self.front = UnixFront(path, listen.unix_mode, listen.unix_group)
         authz = Authorizer(lambda: self.settings.config.authz, self.front)
         server = grpc.aio.server(
             interceptors=[AuthzInterceptor(authz)],

@@ -254,3 +254,42 @@ def test_tls_without_client_ca_and_bounded_messages(make_daemon: Any, pki: Path)
         nh = pb_grpc.NodeHealthStub(ch)
         big = pb.AcknowledgeRequest(component="gpu/index0", code="XID_79", reason="x" * 8192)
         assert code_of(lambda: nh.Acknowledge(big, timeout=5)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_socket_group_lets_its_members_connect_and_no_one_else(make_daemon: Any, pki: Path) -> None:
+    import grp
+
+    need_root("running clients as another uid")
+    d = secured_daemon(make_daemon, pki, free_port(), unix_mode=0o660, unix_group=ALLOWED_GROUP)
+    for p in (d.root, d.root.parent):
+        os.chmod(p, 0o711)
+    assert os.stat(d.socket).st_gid == grp.getgrnam(ALLOWED_GROUP).gr_gid
+    member = as_user(d, ALLOWED_GROUP)
+    assert member["verdict"] == "OK" and member["run"] == "OK", member
+    r = subprocess.run(["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", sys.executable, "-c",
+                        CLIENT, d.socket], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode != 0 or json.loads(r.stdout)["verdict"] != "OK"  # not in the group: cannot even connect
+
+
+def test_robustctl_over_mutual_tls(make_daemon: Any, pki: Path) -> None:
+    port = free_port()
+    secured_daemon(make_daemon, pki, port)
+
+    def ctl(*args: str, who: str | None = "allowed") -> subprocess.CompletedProcess[str]:
+        tls = ["--tls-ca", str(pki / "ca.pem")]
+        if who:
+            tls += ["--tls-cert", str(pki / f"{who}.pem"), "--tls-key", str(pki / f"{who}.key")]
+        return subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "--address", f"127.0.0.1:{port}",
+                               *tls, *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+
+    r = ctl("status")
+    assert r.returncode == 0 and "node test-node: OK" in r.stdout, r.stderr
+    r = ctl("diag", "run", "--tests", "eud")
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    r = ctl("diag", "run", "--tests", "eud", who="denied")
+    assert r.returncode == 4 and "PERMISSION_DENIED" in r.stderr
+    r = ctl("status", who=None)  # no client certificate: the handshake fails
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+    plain = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "--address", f"127.0.0.1:{port}",
+                            "status"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert plain.returncode == 3

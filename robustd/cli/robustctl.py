@@ -88,6 +88,10 @@ def _add_globals(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--socket", default=d(None), metavar="PATH",
                    help=f"daemon's Unix socket (default: $ROBUSTD_SOCKET or {DEFAULT_SOCKET})")
     p.add_argument("--address", default=d(None), metavar="HOST:PORT", help="daemon's TCP address instead")
+    p.add_argument("--tls-ca", default=d(None), metavar="PEM", help="CA that signed the daemon's certificate "
+                   "(TLS on --address; plaintext without it)")
+    p.add_argument("--tls-cert", default=d(None), metavar="PEM", help="client certificate (mutual TLS)")
+    p.add_argument("--tls-key", default=d(None), metavar="PEM", help="client private key (mutual TLS)")
     p.add_argument("--timeout", type=_positive_duration, default=d(5.0), metavar="DURATION",
                    help="deadline for each request (default 5s)")
     p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of tables")
@@ -131,16 +135,28 @@ def build_parser() -> argparse.ArgumentParser:
 class Client:
     """One daemon address; opens channels and turns gRPC failures into CliErrors."""
 
-    def __init__(self, socket: str | None, address: str | None, timeout: float):
+    def __init__(self, socket: str | None, address: str | None, timeout: float,
+                 tls: tuple[str | None, str | None, str | None] = (None, None, None)):
         self.socket = os.path.abspath(socket) if socket else None
         self.target = address if address else f"unix://{self.socket}"
         self.timeout = timeout
+        self.tls = tls  # (CA, client certificate, client key) for a TLS listener
 
     def open(self) -> grpc.Channel:
         if self.socket is not None and not os.path.exists(self.socket):
             raise self.unreachable(os.strerror(2))  # ENOENT: say it plainly, do not wait out the deadline
         # A local subchannel pool: a reconnect must not inherit the old connection's backoff.
-        return grpc.insecure_channel(self.target, options=[("grpc.use_local_subchannel_pool", 1)])
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        ca, cert, key = self.tls
+        if self.socket is None and ca:
+            try:
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=_read_bytes(ca), certificate_chain=_read_bytes(cert) if cert else None,
+                    private_key=_read_bytes(key) if key else None)
+            except OSError as e:
+                raise CliError(EXIT_USAGE, f"cannot read TLS file {e.filename}: {e.strerror}") from None
+            return grpc.secure_channel(self.target, creds, options=options)
+        return grpc.insecure_channel(self.target, options=options)
 
     def unreachable(self, reason: str) -> CliError:
         return CliError(EXIT_UNREACHABLE, f"cannot reach robustd at {self.target}: {reason}")
@@ -164,6 +180,11 @@ class Client:
             raise self.error(err, channel) from None
         finally:
             channel.close()
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def _ready(channel: grpc.Channel | None) -> bool:
@@ -293,7 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.socket and args.address:
         parser.error("give --socket or --address, not both")
     socket = None if args.address else (args.socket or os.environ.get("ROBUSTD_SOCKET") or DEFAULT_SOCKET)
-    client = Client(socket, args.address, args.timeout)
+    if (args.tls_cert or args.tls_key) and not args.tls_ca:
+        parser.error("--tls-cert/--tls-key need --tls-ca")
+    client = Client(socket, args.address, args.timeout, (args.tls_ca, args.tls_cert, args.tls_key))
     try:
         return _COMMANDS[args.command](client, args)
     except CliError as err:
