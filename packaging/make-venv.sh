@@ -24,10 +24,10 @@ export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DI
 pip() { "$PREFIX/bin/python" -m pip -q install --no-index --find-links "$WHEELS" "$@"; }
 pip -r "$WHEELS/requirements.txt"
 # systemd-python is built on the package build machine for its glibc; where it does not install or
-# load, robustd still runs by hand, but under systemd it needs it (sd_notify, journald).
+# load, robustd sends sd_notify datagrams itself and logs to stderr (the journal still gets it).
 if ! pip "systemd-python" || ! "$PREFIX/bin/python" -c 'import systemd.daemon, systemd.journal' 2>/dev/null; then
-    echo "robustd: WARNING: the bundled systemd-python does not load with $PY; the systemd unit" >&2
-    echo "robustd: (Type=notify, journald) needs it: install it into $PREFIX with pip" >&2
+    echo "robustd: WARNING: the bundled systemd-python does not load with $PY; robustd falls back to" >&2
+    echo "robustd: plain sd_notify and stderr logging (pip install systemd-python into $PREFIX for journald fields)" >&2
 fi
 pip --no-deps "robustd==$VERSION"
 "$PREFIX/bin/robustd" --version >/dev/null

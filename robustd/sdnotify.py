@@ -22,8 +22,11 @@ class Notifier:
         if not self.enabled:
             return
         try:
-            from systemd import daemon
-
+            try:
+                from systemd import daemon
+            except ImportError:  # e.g. a package whose systemd-python wheel does not load on this distribution
+                _notify_datagram(state)
+                return
             daemon.notify(state)
         except Exception as e:  # noqa: BLE001 - notification failures must not stop the daemon
             log.warning("sd_notify(%s) failed: %s", state.split("=")[0], e)
@@ -39,6 +42,20 @@ class Notifier:
 
     def stopping(self) -> None:
         self.send("STOPPING=1")
+
+
+def _notify_datagram(state: str) -> None:
+    """sd_notify's wire protocol without libsystemd: one datagram to $NOTIFY_SOCKET.
+
+    Without it, Type=notify would time out wherever systemd-python cannot be installed.
+    """
+    import socket
+
+    addr = os.environ.get("NOTIFY_SOCKET", "")
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]  # an abstract socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        s.sendto(state.encode(), addr)
 
 
 def _watchdog_interval() -> float | None:
@@ -59,12 +76,15 @@ def setup_logging(level: str) -> None:
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     for h in list(root.handlers):
         root.removeHandler(h)
-    handler: logging.Handler
+    handler: logging.Handler | None = None
     if os.environ.get("JOURNAL_STREAM") and os.environ.get("INVOCATION_ID"):
-        from systemd.journal import JournalHandler
+        try:
+            from systemd.journal import JournalHandler
 
-        handler = JournalHandler(SYSLOG_IDENTIFIER="robustd")
-    else:
+            handler = JournalHandler(SYSLOG_IDENTIFIER="robustd")
+        except ImportError:
+            pass  # stderr below: systemd puts it in the journal too, without the structured fields
+    if handler is None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)

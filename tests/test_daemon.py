@@ -308,15 +308,22 @@ def test_sighup_reload_applies_good_config_and_keeps_running_one_on_bad(make_dae
     d.wait_for(lambda v: cond(v, "TICK_FLAG", "host") is not None)
 
 
-def test_sd_notify_ready_watchdog_status_stopping(make_daemon: Any, short_tmp: Path) -> None:
+@pytest.mark.parametrize("libsystemd", [True, False], ids=["systemd-python", "without-systemd-python"])
+def test_sd_notify_ready_watchdog_status_stopping(make_daemon: Any, short_tmp: Path, libsystemd: bool) -> None:
     import socket as so
 
     path = str(short_tmp / "notify.sock")
     sock = so.socket(so.AF_UNIX, so.SOCK_DGRAM)
     sock.bind(path)
     sock.settimeout(10)
-    d = make_daemon({"checks": {"kernel": {"enabled": False}}},
-                    env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"})
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"}
+    if not libsystemd:  # a host where the systemd-python wheel does not load: the datagram fallback
+        shim = short_tmp / "shim" / "systemd"
+        shim.mkdir(parents=True)
+        (shim / "__init__.py").write_text("raise ImportError('systemd-python is not usable here')\n")
+        env["PYTHONPATH"] = str(shim.parent)
+        env.update(JOURNAL_STREAM="8:12345", INVOCATION_ID="0" * 32)  # as under systemd: journald is wanted
+    d = make_daemon({"checks": {"kernel": {"enabled": False}}}, env=env)
     d.start(wait=False)
     got: list[str] = []
     try:
