@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     from robustd.cli import diag
 
     diag.add_parser(verb("diag", "stop-time diagnostics: run, list, show, cancel; golden digests"), _add_globals)
+    from robustd.cli import fleet
+
+    fleet.add_parser(verb("fleet", "fleet analysis: dual-phase replay plan/locate, warm-standby sizing "
+                                   "(no daemon needed)"), _add_globals)
     return parser
 
 
@@ -302,9 +306,18 @@ def cmd_diag(client: Client, args: argparse.Namespace) -> int:
     return diag.run(client, args)
 
 
+def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import fleet
+
+    try:
+        return fleet.run(args)
+    except ValueError as e:
+        raise CliError(EXIT_USAGE, f"fleet: {e}") from None
+
+
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
-    "sim": cmd_sim, "diag": cmd_diag,
+    "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet,
 }
 
 
