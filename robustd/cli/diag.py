@@ -8,27 +8,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import render
+from robustd.cli.args import AddGlobals, verbs
 from robustd.durations import parse_duration
 
 TESTS = ("eud", "all_to_all", "all_gather", "minigpt")
 STATUS = {pb.RESULT_PASS: "PASS", pb.RESULT_FAIL: "FAIL", pb.RESULT_SKIPPED: "SKIPPED", pb.RESULT_ERROR: "ERROR"}
 
 
-def add_parser(p: argparse.ArgumentParser, add_globals: Callable[[argparse.ArgumentParser, bool], None]) -> None:
-    sub = p.add_subparsers(dest="diag_command", metavar="DIAG_COMMAND", required=True)
-
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        v = sub.add_parser(name, help=help_text, description=help_text)
-        add_globals(v, False)
-        return v
-
+def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
+    verb = verbs(p, "diag_command", add_globals)
     r = verb("run", "run diagnostics now (the job must be stopped on this node)")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--tests", type=_tests, help=f"comma-separated, in order: {','.join(TESTS)}")
@@ -43,11 +38,10 @@ def add_parser(p: argparse.ArgumentParser, add_globals: Callable[[argparse.Argum
     verb("show", "one report").add_argument("id")
     verb("cancel", "cancel a running diagnostic (kills its child processes)").add_argument("id")
     gold = verb("golden", "golden MiniGPT digests for (GPU model, driver, torch version)")
-    gsub = gold.add_subparsers(dest="golden_command", metavar="GOLDEN_COMMAND", required=True)
-    rec = gsub.add_parser("record", help="record the node digest of a passing MiniGPT report (default: newest)")
-    add_globals(rec, False)
-    rec.add_argument("id", nargs="?", default="")
-    add_globals(gsub.add_parser("show", help="the recorded golden digests"), False)
+    golden = verbs(gold, "golden_command", add_globals)
+    golden("record", "record the node digest of a passing MiniGPT report (default: newest)").add_argument(
+        "id", nargs="?", default="")
+    golden("show", "the recorded golden digests")
 
 
 def run(client: Any, args: argparse.Namespace) -> int:

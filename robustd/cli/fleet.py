@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Callable
 
+from robustd.cli.args import AddGlobals, verbs
 from robustd.fleet import replay, standby
 
 
-def add_parser(p: argparse.ArgumentParser, add_globals: Callable[[argparse.ArgumentParser, bool], None]) -> None:
-    sub = p.add_subparsers(dest="fleet_command", metavar="FLEET_COMMAND", required=True)
-
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        v = sub.add_parser(name, help=help_text, description=help_text)
-        add_globals(v, False)
-        return v
+def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
+    verb = verbs(p, "fleet_command", add_globals)
 
     def layout(v: argparse.ArgumentParser) -> argparse.ArgumentParser:
         v.add_argument("--machines", type=int, required=True, metavar="N", help="machines in the job")

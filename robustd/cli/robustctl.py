@@ -20,6 +20,7 @@ import grpc
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import render
+from robustd.cli.args import verbs
 from robustd.durations import format_duration, parse_duration
 from robustd.roots import DEFAULT_SOCKET
 
@@ -102,12 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="exit codes: 0 OK, 1 WARNING, 2 CRITICAL (status; others 0 on success), "
                             "3 daemon unreachable, 4 other RPC error, 64 usage error")
     _add_globals(parser, defaults=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        _add_globals(p, defaults=False)
-        return p
+    verb = verbs(parser, "command", _add_globals)
 
     verb("status", "the node's verdict; exit 0 OK, 1 WARNING, 2 CRITICAL")
     w = verb("watch", "stream condition changes as they happen")
