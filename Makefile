@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/api_load.py
 	$(PY) bench/diag.py
+	$(PY) bench/fleet.py
 
 # Packages (packaging/build.sh; README "Install"). PKG_DIR: where they go. ROBUSTD_VERSION overrides the version.
 PKG_DIR ?= dist

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class BenchDaemon:
-    def __init__(self, config: dict[str, Any] | None = None):
+    def __init__(self, config: dict[str, Any] | None = None, wait: bool = True):
         self.dir = Path(tempfile.mkdtemp(prefix="rdb-", dir="/tmp"))
         self.socket = str(self.dir / "robustd.sock")
         cfg: dict[str, Any] = {"node_name": "bench", "state_dir": str(self.dir / "state"),
@@ -32,7 +32,11 @@ class BenchDaemon:
         self.proc = subprocess.Popen([sys.executable, "-m", "robustd.daemon", "--config",
                                       str(self.dir / "robustd.yaml")], cwd=REPO,
                                      stderr=open(self.dir / "log", "wb"))  # noqa: SIM115
-        deadline = time.monotonic() + 30
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 with grpc.insecure_channel(f"unix://{self.socket}") as ch:

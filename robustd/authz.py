@@ -44,6 +44,7 @@ DISRUPTIVE = frozenset({
     "/robustd.v1.Diagnostics/Cancel",
     "/robustd.v1.Diagnostics/RecordGolden",
     "/robustd.v1.NodeHealth/Acknowledge",
+    "/robustd.v1.Tracer/CaptureStacks",  # pauses the training processes while it samples them
 })
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 RELAY_CHUNK = 64 * 1024

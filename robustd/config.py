@@ -5,12 +5,13 @@ The key names here are a public contract (operators and tools write them); exten
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
@@ -150,6 +151,37 @@ class DiagnosticsConfig(Strict):
         return levels
 
 
+def _regex(pattern: str) -> str:
+    if not pattern:
+        raise ValueError("an empty pattern would match every process")
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"{pattern!r} is not a valid regular expression: {e}") from None
+    return pattern
+
+
+Regex = Annotated[str, AfterValidator(_regex)]
+
+
+class TracerConfig(Strict):
+    """`CaptureStacks`: which processes are training processes, and how long one capture may take."""
+
+    gpu_processes: bool = True  # processes holding NVML compute contexts
+    process_patterns: list[Regex] = Field(default_factory=list)  # searched in each process's command line
+    timeout: Duration = 10.0  # per process
+    concurrency: int = Field(default=8, ge=1, le=256)  # py-spy children at once
+    max_processes: int = Field(default=256, ge=1)
+    py_spy: str | None = None  # the py-spy binary; default: beside the daemon's interpreter, then $PATH
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("must be more than zero")
+        return v
+
+
 class RootsConfig(Strict):
     proc: str = DEFAULT_PROC
     sys: str = DEFAULT_SYS
@@ -168,6 +200,7 @@ class Config(Strict):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     roots: RootsConfig = Field(default_factory=RootsConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
+    tracer: TracerConfig = Field(default_factory=TracerConfig)
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
 
     @model_validator(mode="before")
@@ -175,7 +208,7 @@ class Config(Strict):
     def _empty_sections(cls, data: Any) -> Any:
         """`metrics:` with only comments under it means the defaults, not an error."""
         if isinstance(data, dict):
-            sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "checks")
+            sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks")
             return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
         return data
 

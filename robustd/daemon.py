@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from robustd import __version__
 from robustd.api.diagnostics import DiagnosticsServicer
 from robustd.api.servicer import NodeHealthServicer
+from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.authz import Authorizer, AuthzInterceptor, UnixFront
@@ -182,9 +183,13 @@ class Daemon:
         servicer = NodeHealthServicer(self.engine, cfg.node_name, self.boot_id, lambda: self.runner.states)
         pb_grpc.add_NodeHealthServicer_to_server(servicer, server)
         pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(self.diag), server)
+        pb_grpc.add_TracerServicer_to_server(
+            TracerServicer(cfg.node_name, lambda: self.settings.config.tracer, lambda: self.settings.roots(),
+                           lambda: self._gpu_view().busy_pids), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name,
                  pb.DESCRIPTOR.services_by_name["Diagnostics"].full_name,
+                 pb.DESCRIPTOR.services_by_name["Tracer"].full_name,
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         server.add_insecure_port(self.front.inner_address)

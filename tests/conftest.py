@@ -223,3 +223,15 @@ def daemon(make_daemon: Any) -> Daemon:
     d = make_daemon()
     d.start()
     return d
+
+
+def plugin_env(tmp: Path) -> dict[str, str]:
+    """Install the test checks as a real distribution with `robustd.checks` entry points."""
+    dist = tmp / "plugins" / "robustd_test_plugins-1.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: robustd-test-plugins\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[robustd.checks]\nhang = robustd_test_plugins:HangCheck\n"
+                                           "boom = robustd_test_plugins:BoomCheck\n"
+                                           "tick = robustd_test_plugins:TickCheck\n")
+    here = Path(__file__).resolve().parent
+    return {"PYTHONPATH": os.pathsep.join([str(tmp / "plugins"), str(here / "plugins"), str(here.parent)])}

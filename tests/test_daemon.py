@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Daemon, inject_kmsg, need_root
+from conftest import Daemon, inject_kmsg, need_root, plugin_env
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
@@ -242,18 +242,6 @@ def test_health_service_reflection_and_socket_mode(daemon: Daemon) -> None:
                                                  timeout=5)))
         names = {s.name for s in reply.list_services_response.service}
         assert {"robustd.v1.NodeHealth", "grpc.health.v1.Health"} <= names
-
-
-def plugin_env(tmp: Path) -> dict[str, str]:
-    """Install the test checks as a real distribution with `robustd.checks` entry points."""
-    dist = tmp / "plugins" / "robustd_test_plugins-1.0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: robustd-test-plugins\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[robustd.checks]\nhang = robustd_test_plugins:HangCheck\n"
-                                           "boom = robustd_test_plugins:BoomCheck\n"
-                                           "tick = robustd_test_plugins:TickCheck\n")
-    here = Path(__file__).resolve().parent
-    return {"PYTHONPATH": os.pathsep.join([str(tmp / "plugins"), str(here / "plugins"), str(here.parent)])}
 
 
 def checks_by_name(d: Daemon) -> dict[str, pb.CheckInfo]:

@@ -311,7 +311,7 @@ def test_unit_hardening(tmp_path: Path) -> None:
     settings = dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
     for key, value in {"Type": "notify", "Restart": "on-failure", "ExecReload": "/bin/kill -HUP $MAINPID",
                        "RuntimeDirectory": "robustd", "StateDirectory": "robustd", "ConfigurationDirectory": "robustd",
-                       "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
+                       "ProtectSystem": "strict", "ProtectHome": "read-only", "PrivateTmp": "yes",
                        "NoNewPrivileges": "yes"}.items():
         assert settings.get(key) == value, key
     assert "WatchdogSec" in settings

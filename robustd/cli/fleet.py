@@ -1,16 +1,28 @@
-"""`robustctl fleet`: fleet analysis that needs no daemon (dual-phase replay planning, warm-standby sizing).
+"""`robustctl fleet`: many daemons at once (status, stack aggregation) and fleet planning that needs no
+daemon (dual-phase replay, warm-standby sizing).
 
 Bad layouts or inputs raise ValueError (robustd.fleet.replay.LayoutError is one); robustctl turns them
 into exit 64 with the message on one line of stderr.
+
+Exit codes of `fleet status`: 2 if any host is CRITICAL, else 3 if any is unreachable, else 1 if any
+is WARNING, else 0. Of `fleet stacks`: 0 no outlier, 1 suspects named, 3 no host answered.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import time
+from typing import Any
 
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.cli import remote, render, trace
 from robustd.cli.args import AddGlobals, verbs
+from robustd.cli.client import Client
+from robustd.durations import parse_duration
 from robustd.fleet import replay, standby
+from robustd.fleet.stacks import Aggregation, Layout, ParallelGroup, aggregate, fail_slow
 
 
 def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
@@ -22,6 +34,25 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
         v.add_argument("--k", type=int, required=True, metavar="K", help="DP size of each replay group")
         return v
 
+    def hosts(v: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        v.add_argument("hosts", nargs="*", metavar="HOST",
+                       help="HOST[:PORT] (TCP, port 7070), unix:PATH or /path/to.sock")
+        v.add_argument("--hosts-file", metavar="FILE", help="more hosts, one per line (# comments)")
+        return v
+
+    hosts(verb("status", "every host's verdict in one table (concurrent GetVerdict; unreachable hosts listed)"))
+    st = hosts(verb("stacks", "capture the training processes' stacks on every host and name the parallel "
+                              "group the outlier ranks share"))
+    st.add_argument("--layout", required=True, type=parse_layout, metavar="tp=T,pp=P,dp=D[,order=tp-dp-pp]",
+                    help="parallel layout; rank order fastest first (Megatron's default tp-dp-pp)")
+    st.add_argument("--fail-slow", action="store_true", help="fail-slow mode: 5 rounds 10 s apart, evict the "
+                                                              "group flagged most often")
+    st.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds (default 1; 5 with --fail-slow)")
+    st.add_argument("--interval", type=_seconds, default=10.0, metavar="DURATION",
+                    help="time between rounds (default 10s)")
+    st.add_argument("--native", action="store_true", help="include native frames")
+    st.add_argument("--capture-timeout", type=_seconds, default=None, metavar="DURATION",
+                    help="per-process py-spy deadline (default: each daemon's tracer.timeout)")
     layout(verb("replay-plan", "dual-phase replay: the horizontal and vertical groupings "
                                "(m = k*PP machines per group, n = machines/m groups, m <= n)"))
     loc = layout(verb("replay-locate", "dual-phase replay: the machine in both failing groups"))
@@ -36,6 +67,10 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cmd = args.fleet_command
+    if cmd == "status":
+        return _status(args)
+    if cmd == "stacks":
+        return _stacks(args)
     if cmd == "replay-plan":
         plan = replay.plan(args.machines, args.pp, args.k)
         if args.json:
@@ -71,3 +106,232 @@ def _plan_text(plan: replay.ReplayPlan) -> str:
     lines.append("phase 2 (vertical, machine x in group x mod n):")
     lines += [f"  V{j}: {' '.join(map(str, g))}" for j, g in enumerate(plan.vertical)]
     return "\n".join(lines)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than zero")
+    return value
+
+
+def parse_layout(text: str) -> Layout:
+    """`tp=8,pp=4,dp=32[,order=tp-dp-pp]` → Layout (node names come from the hosts' answers)."""
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep or key not in ("tp", "pp", "dp", "order") or key in fields:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected tp=T,pp=P,dp=D[,order=...], each once")
+        fields[key] = value.strip()
+    missing = [k for k in ("tp", "pp", "dp") if k not in fields]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text!r}: missing {', '.join(missing)}")
+    try:
+        sizes = {k: int(fields[k]) for k in ("tp", "pp", "dp")}
+        return Layout(**sizes, ranks_per_node=1, order=fields.get("order", "tp-dp-pp"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
+# ---- fleet status -------------------------------------------------------------------------------
+
+def _status(args: argparse.Namespace) -> int:
+    hosts = remote.hosts_from(args.hosts, args.hosts_file)
+    start = time.monotonic()
+    outcomes = remote.fan_out(hosts, lambda c: c.call("GetVerdict", pb.GetVerdictRequest()), args.timeout,
+                              remote.tls_of(args))
+    wall = time.monotonic() - start
+    if args.json:
+        print(json.dumps(_status_json(outcomes, wall), indent=2), flush=True)
+    else:
+        print(status_text(outcomes, wall, shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns), flush=True)
+    return status_exit(outcomes)
+
+
+def status_exit(outcomes: list[remote.Outcome[Any]]) -> int:
+    sev = [o.value.severity for o in outcomes if o.value is not None]
+    if pb.SEVERITY_CRITICAL in sev:
+        return 2
+    if any(o.value is None for o in outcomes):
+        return 3
+    return 1 if pb.SEVERITY_WARNING in sev else 0
+
+
+def _counts(outcomes: list[remote.Outcome[Any]]) -> dict[str, int]:
+    counts = {"ok": 0, "warning": 0, "critical": 0, "unreachable": 0, "error": 0}
+    for o in outcomes:
+        if o.value is None:
+            counts["unreachable" if o.unreachable else "error"] += 1
+        else:
+            counts[render.severity_name(o.value.severity).lower()] = counts.get(
+                render.severity_name(o.value.severity).lower(), 0) + 1
+    return counts
+
+
+def status_text(outcomes: list[remote.Outcome[Any]], wall: float, width: int = render.DEFAULT_WIDTH) -> str:
+    rows = []
+    for o in outcomes:
+        if o.value is None:
+            reason = o.error.split(": ", 1)[1] if o.error.startswith("cannot reach robustd at ") else o.error
+            rows.append([o.host, "-", "UNREACHABLE" if o.unreachable else "ERROR", "-", "-", reason])
+            continue
+        v = o.value
+        worst = sorted(v.conditions, key=lambda c: (-c.severity, c.component, c.code))
+        summary = ", ".join(f"{c.component} {c.code}" for c in worst) or "-"
+        rows.append([o.host, v.node, render.severity_name(v.severity), render.action_name(v.action),
+                     str(len(v.conditions)), summary])
+    counts = _counts(outcomes)
+    head = (f"{render.plural(len(outcomes), 'host')} in {wall:.2f} s: " +
+            ", ".join(f"{n} {k}" for k, n in counts.items() if n))
+    return head + "\n" + render.table(["HOST", "NODE", "SEVERITY", "ACTION", "CONDITIONS", "WORST"], rows, width)
+
+
+def _status_json(outcomes: list[remote.Outcome[Any]], wall: float) -> dict[str, Any]:
+    hosts = []
+    for o in outcomes:
+        entry: dict[str, Any] = {"host": o.host, "reachable": o.value is not None, "error": o.error,
+                                 "seconds": round(o.seconds, 4)}
+        if o.value is not None:
+            entry.update(render.to_dict(o.value))
+        hosts.append(entry)
+    return {"hosts": hosts, "summary": _counts(outcomes), "wall_seconds": round(wall, 4)}
+
+
+# ---- fleet stacks -------------------------------------------------------------------------------
+
+def _stacks(args: argparse.Namespace) -> int:
+    hosts = remote.hosts_from(args.hosts, args.hosts_file)
+    layout: Layout = args.layout
+    rounds = args.rounds if args.rounds is not None else (5 if args.fail_slow else 1)
+    if rounds < 1:
+        raise ValueError("--rounds must be at least 1")
+    tr = argparse.Namespace(pid=[], rank=[], native=args.native, capture_timeout=args.capture_timeout)
+    req, allowance = trace.request(tr)
+    results: list[dict[str, Any]] = []
+    aggs: list[Aggregation] = []
+    answered = 0
+    for i in range(rounds):
+        if i:
+            time.sleep(args.interval)
+        start = time.monotonic()
+        outcomes = remote.fan_out(hosts, lambda c: _capture(c, req, allowance), args.timeout, remote.tls_of(args))
+        answers = [(o.host, o.value) for o in outcomes if o.value is not None]
+        answered = max(answered, len(answers))
+        stacks, host_of, notes = trace.ranks_of(answers)
+        bad = sorted(r for r in stacks if r >= layout.world)
+        if bad:
+            raise ValueError(f"rank {bad[0]} (on {host_of[bad[0]]}) is outside the layout's world of {layout.world}")
+        placed = Layout(layout.tp, layout.pp, layout.dp, node_of=lambda r, h=host_of: h.get(r, "?"), order=layout.order)
+        agg = aggregate(stacks, placed)
+        aggs.append(agg)
+        results.append({"agg": agg, "notes": notes, "seconds": time.monotonic() - start,
+                        "unreachable": [(o.host, o.error) for o in outcomes if o.value is None]})
+        if not args.json:
+            print(_round_text(i, rounds, agg, results[-1], layout), flush=True)
+    verdict = fail_slow(aggs) if rounds > 1 else None
+    if args.json:
+        print(json.dumps(_stacks_json(layout, results, verdict), indent=2), flush=True)
+    elif verdict is not None:
+        print(_fail_slow_text(verdict), flush=True)
+    if answered == 0:
+        return 3
+    flagged = verdict.suspect is not None if verdict is not None else bool(aggs[-1].suspects)
+    return 1 if flagged else 0
+
+
+def _capture(client: Client, req: pb.CaptureRequest, allowance: float) -> pb.CaptureResponse:
+    return client.call("CaptureStacks", req, service="Tracer", timeout=client.timeout + allowance)
+
+
+def _group_text(g: ParallelGroup) -> str:
+    return (f"{g.kind} group {g.index}: ranks {_ranks(g.ranks)} on {', '.join(g.machines)} "
+            f"({len(g.outliers)} outlier{'s' if len(g.outliers) != 1 else ''})")
+
+
+def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
+    """`0-3, 8, 10-11`: runs of consecutive ranks."""
+    out: list[str] = []
+    rs = sorted(ranks)
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+def _round_text(i: int, rounds: int, agg: Aggregation, r: dict[str, Any], layout: Layout) -> str:
+    captured = sum(len(g.ranks) for g in agg.groups)
+    lines = [f"{'round ' + str(i + 1) + '/' + str(rounds) + ': ' if rounds > 1 else ''}"
+             f"{captured} of {layout.world} ranks captured in {r['seconds']:.2f} s "
+             f"(layout tp={layout.tp} pp={layout.pp} dp={layout.dp}, order {layout.order})"]
+    for host, err in r["unreachable"]:
+        lines.append(f"  unreachable: {host}: {err}")
+    lines += [f"  note: {n}" for n in r["notes"]]
+    top = set(agg.groups[0].signature) if agg.groups else set()
+    for i, g in enumerate(agg.groups):
+        mark = "healthy" if g.healthy else "OUTLIER"
+        lines.append(f"  {len(g.ranks):>6} ranks  {mark:<8} {_telling_thread(g.signature, set() if i == 0 else top)}")
+        if not g.healthy:
+            lines.append(f"                         ranks {_ranks(g.ranks)}")
+    if agg.missing:
+        lines.append(f"  missing (no stack): ranks {_ranks(agg.missing)}")
+    if not agg.suspects:
+        lines.append("  no outliers: no suspects")
+    else:
+        lines.append(f"  SUSPECTS ({agg.suspect_kind}): evict {', '.join(agg.suspect_machines)}")
+        lines += [f"    {_group_text(g)}" for g in agg.suspects]
+    return "\n".join(lines)
+
+
+def _telling_thread(signature: tuple[str, ...], common: set[str]) -> str:
+    """The innermost frames of the thread that sets this group apart (else its deepest thread)."""
+    own = [t for t in signature if t not in common] or list(signature)
+    if not own:
+        return "(no stack)"
+    thread = max(own, key=lambda t: t.count(";"))
+    return " <- ".join(thread.split(";")[:3])
+
+
+def _fail_slow_text(v: Any) -> str:
+    if v.suspect is None:
+        return f"fail-slow: no group flagged in {v.rounds} rounds"
+    return (f"fail-slow: {_group_text(v.suspect)} flagged in {v.flags} of {v.rounds} rounds: "
+            f"evict {', '.join(v.suspect.machines)}")
+
+
+def _group_json(g: ParallelGroup) -> dict[str, Any]:
+    return {"kind": g.kind, "index": g.index, "ranks": list(g.ranks), "machines": list(g.machines),
+            "outliers": list(g.outliers)}
+
+
+def _stacks_json(layout: Layout, results: list[dict[str, Any]], verdict: Any) -> dict[str, Any]:
+    rounds = []
+    for r in results:
+        agg: Aggregation = r["agg"]
+        rounds.append({
+            "seconds": round(r["seconds"], 4),
+            "unreachable": [{"host": h, "error": e} for h, e in r["unreachable"]],
+            "notes": r["notes"],
+            "groups": [{"ranks": list(g.ranks), "healthy": g.healthy, "signature": list(g.signature)}
+                       for g in agg.groups],
+            "outliers": list(agg.outliers), "missing": list(agg.missing),
+            "suspect_kind": agg.suspect_kind, "suspects": [_group_json(g) for g in agg.suspects],
+            "suspect_machines": list(agg.suspect_machines),
+            "evidence": {k: [_group_json(g) for g in gs] for k, gs in agg.evidence.items()},
+        })
+    out: dict[str, Any] = {"layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "order": layout.order},
+                           "rounds": rounds}
+    last = results[-1]["agg"]
+    if verdict is not None:
+        out["fail_slow"] = {"suspect": _group_json(verdict.suspect) if verdict.suspect else None,
+                            "flags": verdict.flags, "rounds": verdict.rounds}
+        out["suspect_machines"] = list(verdict.suspect.machines) if verdict.suspect else []
+    else:
+        out["suspect_machines"] = list(last.suspect_machines)
+    return out

@@ -21,25 +21,15 @@ from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import render
 from robustd.cli.args import verbs
-from robustd.durations import format_duration, parse_duration
+from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
+from robustd.durations import parse_duration
 from robustd.roots import DEFAULT_SOCKET
 
-EXIT_UNREACHABLE = 3
-EXIT_RPC = 4
-EXIT_USAGE = 64
 _SEVERITY_EXIT = {pb.SEVERITY_WARNING: 1, pb.SEVERITY_CRITICAL: 2}
 # A broken Watch with one of these codes is worth resuming; anything else is the server's answer.
 _RESUMABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
               grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
 _BACKOFF_MAX = 5.0
-
-
-class CliError(Exception):
-    """A failure with its exit code and the one line to print."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,76 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_parser(verb("diag", "stop-time diagnostics: run, list, show, cancel; golden digests"), _add_globals)
     from robustd.cli import fleet
 
-    fleet.add_parser(verb("fleet", "fleet analysis: dual-phase replay plan/locate, warm-standby sizing "
-                                   "(no daemon needed)"), _add_globals)
+    fleet.add_parser(verb("fleet", "many daemons: status, stacks (outlier parallel groups); planning: "
+                                   "dual-phase replay plan/locate, warm-standby sizing"), _add_globals)
+    from robustd.cli import trace
+
+    trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)"),
+                        _positive_duration)
     return parser
-
-
-class Client:
-    """One daemon address; opens channels and turns gRPC failures into CliErrors."""
-
-    def __init__(self, socket: str | None, address: str | None, timeout: float,
-                 tls: tuple[str | None, str | None, str | None] = (None, None, None)):
-        self.socket = os.path.abspath(socket) if socket else None
-        self.target = address if address else f"unix://{self.socket}"
-        self.timeout = timeout
-        self.tls = tls  # (CA, client certificate, client key) for a TLS listener
-
-    def open(self) -> grpc.Channel:
-        if self.socket is not None and not os.path.exists(self.socket):
-            raise self.unreachable(os.strerror(2))  # ENOENT: say it plainly, do not wait out the deadline
-        # A local subchannel pool: a reconnect must not inherit the old connection's backoff.
-        options = [("grpc.use_local_subchannel_pool", 1)]
-        ca, cert, key = self.tls
-        if self.socket is None and ca:
-            try:
-                creds = grpc.ssl_channel_credentials(
-                    root_certificates=_read_bytes(ca), certificate_chain=_read_bytes(cert) if cert else None,
-                    private_key=_read_bytes(key) if key else None)
-            except OSError as e:
-                raise CliError(EXIT_USAGE, f"cannot read TLS file {e.filename}: {e.strerror}") from None
-            return grpc.secure_channel(self.target, creds, options=options)
-        return grpc.insecure_channel(self.target, options=options)
-
-    def unreachable(self, reason: str) -> CliError:
-        return CliError(EXIT_UNREACHABLE, f"cannot reach robustd at {self.target}: {reason}")
-
-    def error(self, err: grpc.RpcError, channel: grpc.Channel | None) -> CliError:
-        code, details = err.code(), err.details() or ""
-        if code == grpc.StatusCode.UNAVAILABLE or (code == grpc.StatusCode.DEADLINE_EXCEEDED and not _ready(channel)):
-            # "failed to connect to all addresses; last error: UNKNOWN: unix:/x: Connection refused"
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return self.unreachable(f"no connection within {format_duration(self.timeout)}")
-            reason = details.rsplit(": ", 1)[-1] if "last error" in details else details
-            return self.unreachable(reason or code.name)
-        return CliError(EXIT_RPC, f"{code.name}: {details}" if details else code.name)
-
-    def call(self, method: str, request: Any, service: str = "NodeHealth") -> Any:
-        channel = self.open()
-        try:
-            stub = getattr(pb_grpc, f"{service}Stub")(channel)
-            return getattr(stub, method)(request, timeout=self.timeout)
-        except grpc.RpcError as err:
-            raise self.error(err, channel) from None
-        finally:
-            channel.close()
-
-
-def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _ready(channel: grpc.Channel | None) -> bool:
-    """Whether the channel got connected: a deadline before that means unreachable, after it a stuck daemon.
-
-    Asked of the core channel directly; the public subscribe() races close() and prints a traceback.
-    """
-    try:
-        state = channel._channel.check_connectivity_state(False)  # type: ignore[attr-defined]
-    except Exception:
-        return False
-    return bool(state == grpc.ChannelConnectivity.READY.value[0])
 
 
 def _width() -> int:
@@ -302,6 +229,15 @@ def cmd_diag(client: Client, args: argparse.Namespace) -> int:
     return diag.run(client, args)
 
 
+def cmd_trace(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import trace
+
+    req, allowance = trace.request(args)
+    resp: pb.CaptureResponse = client.call("CaptureStacks", req, service="Tracer", timeout=client.timeout + allowance)
+    _print(render.to_json(resp) if args.json else trace.text(resp))
+    return trace.exit_code(resp)
+
+
 def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import fleet
 
@@ -309,11 +245,14 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
         return fleet.run(args)
     except ValueError as e:
         raise CliError(EXIT_USAGE, f"fleet: {e}") from None
+    except OSError as e:
+        raise CliError(EXIT_USAGE, f"fleet: {e.filename or ''}: {e.strerror or e}") from None
 
 
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
     "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet,
+    "trace": cmd_trace,
 }
 
 

@@ -423,3 +423,83 @@ class ListGoldensResponse(_message.Message):
     GOLDENS_FIELD_NUMBER: _ClassVar[int]
     goldens: _containers.RepeatedCompositeFieldContainer[Golden]
     def __init__(self, goldens: _Optional[_Iterable[_Union[Golden, _Mapping]]] = ...) -> None: ...
+
+class ProcessSelector(_message.Message):
+    __slots__ = ("pids", "ranks")
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CaptureRequest(_message.Message):
+    __slots__ = ("selector", "native", "timeout")
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    selector: ProcessSelector
+    native: bool
+    timeout: _duration_pb2.Duration
+    def __init__(self, selector: _Optional[_Union[ProcessSelector, _Mapping]] = ..., native: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class StackFrame(_message.Message):
+    __slots__ = ("function", "file", "line", "native")
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
+    function: str
+    file: str
+    line: int
+    native: bool
+    def __init__(self, function: _Optional[str] = ..., file: _Optional[str] = ..., line: _Optional[int] = ..., native: _Optional[bool] = ...) -> None: ...
+
+class ThreadStack(_message.Message):
+    __slots__ = ("thread_id", "os_thread_id", "name", "active", "owns_gil", "frames")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    OS_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    OWNS_GIL_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    thread_id: int
+    os_thread_id: int
+    name: str
+    active: bool
+    owns_gil: bool
+    frames: _containers.RepeatedCompositeFieldContainer[StackFrame]
+    def __init__(self, thread_id: _Optional[int] = ..., os_thread_id: _Optional[int] = ..., name: _Optional[str] = ..., active: _Optional[bool] = ..., owns_gil: _Optional[bool] = ..., frames: _Optional[_Iterable[_Union[StackFrame, _Mapping]]] = ...) -> None: ...
+
+class ProcessStacks(_message.Message):
+    __slots__ = ("pid", "command", "selected_by", "rank", "local_rank", "world_size", "threads", "error", "timed_out", "duration")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    SELECTED_BY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    command: str
+    selected_by: str
+    rank: int
+    local_rank: int
+    world_size: int
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadStack]
+    error: str
+    timed_out: bool
+    duration: _duration_pb2.Duration
+    def __init__(self, pid: _Optional[int] = ..., command: _Optional[str] = ..., selected_by: _Optional[str] = ..., rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., threads: _Optional[_Iterable[_Union[ThreadStack, _Mapping]]] = ..., error: _Optional[str] = ..., timed_out: _Optional[bool] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CaptureResponse(_message.Message):
+    __slots__ = ("node", "captured_at", "processes")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CAPTURED_AT_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    captured_at: _timestamp_pb2.Timestamp
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessStacks]
+    def __init__(self, node: _Optional[str] = ..., captured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessStacks, _Mapping]]] = ...) -> None: ...

@@ -556,3 +556,75 @@ class Diagnostics:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class TracerStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.CaptureStacks = channel.unary_unary(
+                '/robustd.v1.Tracer/CaptureStacks',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CaptureRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CaptureResponse.FromString,
+                _registered_method=True)
+
+
+class TracerServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def CaptureStacks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TracerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'CaptureStacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CaptureStacks,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CaptureRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CaptureResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'robustd.v1.Tracer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('robustd.v1.Tracer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Tracer:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def CaptureStacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Tracer/CaptureStacks',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.CaptureRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.CaptureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
