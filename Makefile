@@ -18,7 +18,7 @@ deps:
 	  fi; \
 	fi
 
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml | deps
+$(STAMP): requirements.txt requirements-dev.txt requirements-analysis.txt pyproject.toml | deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) bench/api_load.py
 	$(PY) bench/diag.py
 	$(PY) bench/fleet.py
+	$(PY) bench/stragglers.py
 
 # Packages (packaging/build.sh; README "Install"). PKG_DIR: where they go. ROBUSTD_VERSION overrides the version.
 PKG_DIR ?= dist

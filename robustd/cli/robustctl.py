@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     fleet.add_parser(verb("fleet", "many daemons: status, stacks (outlier parallel groups); planning: "
                                    "dual-phase replay plan/locate, warm-standby sizing"), _add_globals)
+    from robustd.cli import stragglers
+
+    stragglers.add_parser(verb("stragglers", "straggler what-if analysis of a training trace: slowdown, "
+                                             "per-worker/stage attribution, causes (no daemon needed)"), _add_globals)
     from robustd.cli import trace
 
     trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)"),
@@ -229,6 +233,22 @@ def cmd_diag(client: Client, args: argparse.Namespace) -> int:
     return diag.run(client, args)
 
 
+def cmd_stragglers(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import stragglers
+
+    try:
+        return stragglers.run(args)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("numpy", "pyarrow", "matplotlib"):
+            raise CliError(1, f"stragglers: needs {e.name}, which this installation lacks: "
+                              "pip install -r requirements-analysis.txt (or robustd[analysis])") from None
+        raise
+    except ValueError as e:
+        raise CliError(EXIT_USAGE, f"stragglers: {e}") from None
+    except OSError as e:
+        raise CliError(1, f"stragglers: {e.filename or ''}: {e.strerror or e}") from None
+
+
 def cmd_trace(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import trace
 
@@ -252,7 +272,7 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
     "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet,
-    "trace": cmd_trace,
+    "trace": cmd_trace, "stragglers": cmd_stragglers,
 }
 
 
