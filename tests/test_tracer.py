@@ -134,6 +134,16 @@ def test_capture_stacks_of_the_training_processes_over_grpc(make_daemon: Any, jo
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_native_capture_includes_native_frames(make_daemon: Any, job: Job) -> None:
+    d = tracer_daemon(make_daemon, [job.pattern()])
+    resp = capture(d, native=True, selector=pb.ProcessSelector(ranks=[1]))
+    [p] = resp.processes
+    assert not p.error, p.error
+    frames = [f for t in p.threads for f in t.frames]
+    assert any(f.native for f in frames), [(f.function, f.file) for f in frames]  # e.g. the sleep in libc
+    assert "allreduce_gradients" in [f.function for f in frames if not f.native]
+
+
 def test_robustctl_trace_prints_each_process_and_its_rank(make_daemon: Any, job: Job) -> None:
     d = tracer_daemon(make_daemon, [job.pattern()])
     r = d.robustctl("trace", timeout=90)
