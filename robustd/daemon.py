@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import stat
 import sys
 import time
@@ -132,6 +133,11 @@ class Daemon:
         await server.stop(grace=2)
         await self.front.close()
         await self.runner.stop()
+        if self.engine.backlog:
+            self.engine.commit_events([])  # one last try
+        if self.engine.backlog:
+            log.error("stopping with %d events not written to the event log (%s); the checks will report "
+                      "standing faults again after the restart", len(self.engine.backlog), self.engine.store_error)
         self.store.close()
         return 0
 
@@ -232,7 +238,10 @@ class Daemon:
             self.engine.tick()
             if now - last_prune >= PRUNE_EVERY:
                 ret = self.settings.config.retention
-                self.store.prune(time.time(), ret.max_age, ret.max_events)
+                try:
+                    self.store.prune(time.time(), ret.max_age, ret.max_events)
+                except (sqlite3.Error, OSError) as e:  # a full disk must not stop the ticks (and the watchdog)
+                    log.error("event log retention could not run: %s", e)
                 last_prune = now
             dog = self.notifier.watchdog_interval
             # Ping only while checks are being scheduled: a wedged runner must let systemd restart us.
@@ -260,7 +269,9 @@ class Daemon:
         severity, action = worst(conds)
         failing = [st.name for st in self.runner.states if st.status in ("ERROR", "TIMEOUT")]
         text = f"{severity.name}" + (f" ({action.name})" if conds else "") + f", {len(conds)} conditions"
-        return text + (f"; checks failing: {', '.join(failing)}" if failing else "")
+        text += f"; checks failing: {', '.join(failing)}" if failing else ""
+        return text + (f"; EVENT LOG NOT WRITABLE, {len(self.engine.backlog)} changes held" if self.engine.store_error
+                       else "")
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()

@@ -3,12 +3,18 @@
 Everything here runs on the event loop thread, and nothing awaits between the policy's
 decision, the commit and the publish, so a watcher that subscribes and then reads the log
 sees every event exactly once.
+
+When the event log cannot be written (disk full, read-only or failing state disk) nothing is
+dropped: the events and cursors wait in memory, in order, and every later commit (at least the
+1 s tick) retries them first. Meanwhile the policy's conditions — what GetVerdict reports — stay
+current, `store_error` says why the log lags, and Watch streams get the events once they are on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -18,6 +24,7 @@ from robustd.policy import Policy
 from robustd.store import Store
 
 log = logging.getLogger("robustd.engine")
+ERROR_LOG_EVERY = 60.0
 
 
 @dataclass(eq=False)
@@ -61,6 +68,11 @@ class Engine:
         self.hub = Hub()
         self.events_total = 0
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
+        self.backlog: list[Event] = []  # decided, not yet on disk (the log could not be written)
+        self._backlog_cursors: dict[str, Mapping[str, str]] = {}
+        self.store_error = ""  # why the backlog is not empty; "" while the log is written normally
+        self.store_error_since: float | None = None
+        self._last_error_log = 0.0
 
     def submit(self, report: Report) -> list[Event]:
         events = self.policy.apply(report.findings, report.check, self.clock())
@@ -80,9 +92,22 @@ class Engine:
         return self._commit(events)
 
     def _commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None) -> list[Event]:
-        if not events and not cursors:
+        if not events and not cursors and not self.backlog and not self._backlog_cursors:
             return []
-        done = self.store.commit(events, cursors)
+        events = self.backlog + events
+        merged = {**self._backlog_cursors, **(cursors or {})}
+        try:
+            done = self.store.commit(events, merged)
+        except (sqlite3.Error, OSError) as e:
+            self._held(events, merged, e)
+            for listener in self.listeners:
+                listener([])  # the conditions changed even though the log did not
+            return []
+        if self.store_error:
+            log.warning("event log writable again: committed %d held events (held for %.0fs)", len(events),
+                        self.clock() - (self.store_error_since or self.clock()))
+        self.backlog, self._backlog_cursors = [], {}
+        self.store_error, self.store_error_since = "", None
         self.policy.committed(done)
         if done:
             self.events_total += len(done)
@@ -94,6 +119,19 @@ class Engine:
                 log.info("%s %s %s %s seq=%d: %s", ev.kind.name, c.severity.name, c.component, c.code, ev.seq,
                          c.message)
         return done
+
+    def _held(self, events: list[Event], cursors: dict[str, Mapping[str, str]], err: Exception) -> None:
+        """Keep what could not be written; say so at once, then once a minute while it lasts."""
+        self.backlog, self._backlog_cursors = events, cursors
+        now = self.clock()
+        if not self.store_error:
+            self.store_error_since = now
+            self._last_error_log = 0.0
+        self.store_error = f"{type(err).__name__}: {err}"
+        if now - self._last_error_log >= ERROR_LOG_EVERY:
+            log.error("cannot write the event log (%s): %d events held in memory, retried every second; "
+                      "GetVerdict stays current, Watch streams wait", self.store_error, len(events))
+            self._last_error_log = now
 
     def snapshot(self) -> tuple[list[Condition], int]:
         """The standing conditions (by seq) and the newest seq, read together."""

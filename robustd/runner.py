@@ -58,10 +58,17 @@ class Runner:
                  clock: Callable[[], float] = time.time):
         self.states = [CheckState(check=c, config=cfg) for c, cfg in checks]
         self.make_context = make_context
-        self.sink = sink
+        self._sink = sink
         self.clock = clock
         self.tasks: list[asyncio.Task[None]] = []
         self.last_tick = time.monotonic()  # the watchdog pings only while this moves
+
+    def sink(self, report: Report) -> None:
+        """Hand a report to the engine; a failure there is logged, never the end of this check's loop."""
+        try:
+            self._sink(report)
+        except Exception:  # noqa: BLE001 - a poll loop that dies here would stop the check silently
+            log.exception("check %s: its report could not be processed", report.check)
 
     async def start_sources(self) -> None:
         """Start every enabled watcher (e.g. position the kmsg reader). Failures become findings."""

@@ -30,7 +30,8 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         severity, action = worst(conds)
         return pb.Verdict(node=self.node, severity=int(severity), action=int(action),
                           conditions=[convert.condition(c) for c in conds], seq=head, at=convert.ts(time.time()),
-                          boot_id=self.boot_id, emulated=self._emulated())
+                          boot_id=self.boot_id, emulated=self._emulated(),
+                          event_log_error=self.engine.store_error, events_held=len(self.engine.backlog))
 
     def _emulated(self) -> list[str]:
         labels = []

@@ -124,6 +124,9 @@ def verdict_summary(v: pb.Verdict) -> str:
     line = f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"
     if v.emulated:
         line += f"\nEMULATED: {', '.join(v.emulated)} (not real hardware)"
+    if v.event_log_error:
+        line += (f"\nEVENT LOG NOT WRITABLE: {v.event_log_error}; {plural(v.events_held, 'change')} held in memory "
+                 "(conditions below are current)")
     return line
 
 

@@ -151,7 +151,7 @@ class GetVerdictRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id", "emulated")
+    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id", "emulated", "event_log_error", "events_held")
     NODE_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +160,8 @@ class Verdict(_message.Message):
     AT_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     EMULATED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_LOG_ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_HELD_FIELD_NUMBER: _ClassVar[int]
     node: str
     severity: Severity
     action: Action
@@ -168,7 +170,9 @@ class Verdict(_message.Message):
     at: _timestamp_pb2.Timestamp
     boot_id: str
     emulated: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ..., emulated: _Optional[_Iterable[str]] = ...) -> None: ...
+    event_log_error: str
+    events_held: int
+    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ..., emulated: _Optional[_Iterable[str]] = ..., event_log_error: _Optional[str] = ..., events_held: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_seq",)
