@@ -6,6 +6,8 @@
 2. `robustctl fleet status` over 50 real daemons on this machine (each its own socket and state): wall
    time of the whole command (interpreter start included) and of the concurrent GetVerdict fan-out
    alone (p50/p99), then again with 10 of the daemons stopped (unreachable).
+3. Tracer.CaptureStacks of 8 real Python "training" processes (root: py-spy attaches with ptrace):
+   wall time p50/p99 of the whole RPC, Python-only and with native frames.
 """
 
 from __future__ import annotations
@@ -52,6 +54,46 @@ def main() -> None:
     bench_aggregate(args)
     if args.daemons:
         bench_status(args.daemons)
+    bench_capture()
+
+
+JOB = "import threading, time\ndef loader():\n    while True: time.sleep(0.05)\n" \
+      "def step():\n    while True: time.sleep(0.05)\n" \
+      "threading.Thread(target=loader, daemon=True).start()\nstep()\n"
+
+
+def bench_capture(n: int = 8, runs: int = 20) -> None:
+    if os.geteuid() != 0:
+        print("capture: skipped (py-spy needs root to attach to other processes)")
+        return
+    tag = f"bench-train-{os.getpid()}"
+    procs = [subprocess.Popen([sys.executable, "-c", JOB, tag], env={**os.environ, "RANK": str(r)})
+             for r in range(n)]
+    off = {c.name: {"enabled": False} for c in BUILTIN}
+    d = BenchDaemon({"checks": off, "tracer": {"process_patterns": [tag]}})
+    try:
+        import grpc
+
+        from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+
+        time.sleep(0.5)
+        with grpc.insecure_channel(d.target) as ch:
+            stub = pb_grpc.TracerStub(ch)
+            for native in (False, True):
+                walls = []
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    resp = stub.CaptureStacks(pb.CaptureRequest(native=native), timeout=60)
+                    walls.append(time.perf_counter() - t0)
+                    assert len(resp.processes) == n and not any(p.error for p in resp.processes), resp
+                print(f"CaptureStacks of {n} processes{' (native)' if native else ''}: "
+                      f"p50={percentile(walls, 50) * 1000:.0f}ms p99={percentile(walls, 99) * 1000:.0f}ms "
+                      f"({runs} runs)")
+    finally:
+        d.close()
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def bench_status(n: int) -> None:
