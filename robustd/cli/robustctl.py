@@ -216,15 +216,21 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
         backoff = min(backoff * 2, _BACKOFF_MAX)
 
 
+def _offline(verb: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+             file_exit: int = 1) -> int:
+    """A verb that reads files, not a daemon: bad input exits 64, an unreadable file `file_exit`, one line each."""
+    try:
+        return run(args)
+    except ValueError as e:
+        raise CliError(EXIT_USAGE, f"{verb}: {e}") from None
+    except OSError as e:
+        raise CliError(file_exit, f"{verb}: {e.filename or ''}: {e.strerror or e}") from None
+
+
 def cmd_sim(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import sim
 
-    try:
-        return sim.run(args)
-    except ValueError as e:
-        raise CliError(EXIT_USAGE, f"sim: {e}") from None
-    except OSError as e:
-        raise CliError(1, f"sim: {e.filename or ''}: {e.strerror or e}") from None
+    return _offline("sim", sim.run, args)
 
 
 def cmd_diag(client: Client, args: argparse.Namespace) -> int:
@@ -237,16 +243,12 @@ def cmd_stragglers(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import stragglers
 
     try:
-        return stragglers.run(args)
+        return _offline("stragglers", stragglers.run, args)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in ("numpy", "pyarrow", "matplotlib"):
             raise CliError(1, f"stragglers: needs {e.name}, which this installation lacks: "
                               "pip install -r requirements-analysis.txt (or robustd[analysis])") from None
         raise
-    except ValueError as e:
-        raise CliError(EXIT_USAGE, f"stragglers: {e}") from None
-    except OSError as e:
-        raise CliError(1, f"stragglers: {e.filename or ''}: {e.strerror or e}") from None
 
 
 def cmd_trace(client: Client, args: argparse.Namespace) -> int:
@@ -261,12 +263,7 @@ def cmd_trace(client: Client, args: argparse.Namespace) -> int:
 def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import fleet
 
-    try:
-        return fleet.run(args)
-    except ValueError as e:
-        raise CliError(EXIT_USAGE, f"fleet: {e}") from None
-    except OSError as e:
-        raise CliError(EXIT_USAGE, f"fleet: {e.filename or ''}: {e.strerror or e}") from None
+    return _offline("fleet", fleet.run, args, file_exit=EXIT_USAGE)  # an unreadable --hosts-file is a usage error
 
 
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
