@@ -26,6 +26,7 @@ from robustd.config import TracerConfig
 from robustd.roots import Roots
 
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+MAX_ANCESTRY = 16  # parent links followed to tell the daemon's own descendants
 _STDERR_KEEP = 4096
 
 
@@ -100,18 +101,27 @@ def rank_info(roots: Roots, pid: int) -> dict[str, int]:
     return out
 
 
-def _ancestors_excluded(roots: Roots, pid: int, own: int) -> bool:
-    """Whether `pid` is the daemon itself or one of its children (py-spy, diagnostics)."""
-    if pid == own:
-        return True
+def _parent(roots: Roots, pid: int) -> int | None:
     stat = _read(roots.proc_path(str(pid), "stat"))
     if stat is None:
-        return False
+        return None
     try:
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        return int(stat[stat.rindex(b")") + 2:].split()[1])  # after "(comm)": state, then ppid
     except (ValueError, IndexError):
-        return False
-    return ppid == own
+        return None
+
+
+def _is_ours(roots: Roots, pid: int, own: int) -> bool:
+    """Whether `pid` is the daemon or descends from it (py-spy; the diagnostics' torch children and their
+    rank processes, which hold GPU contexts too): never a training process."""
+    for _ in range(MAX_ANCESTRY):
+        if pid == own:
+            return True
+        parent = _parent(roots, pid)
+        if parent is None or parent <= 1:
+            return False
+        pid = parent
+    return False
 
 
 def select(roots: Roots, cfg: TracerConfig, gpu_pids: Iterable[int], own_pid: int | None = None) -> list[Target]:
@@ -121,7 +131,7 @@ def select(roots: Roots, cfg: TracerConfig, gpu_pids: Iterable[int], own_pid: in
     if cfg.gpu_processes:
         for pid in gpu_pids:
             cmd = _command(roots, pid)
-            if cmd is not None and pid != own:
+            if cmd is not None and not _is_ours(roots, pid, own):
                 chosen[pid] = (cmd, "gpu")
     if cfg.process_patterns:
         patterns = [(p, re.compile(p)) for p in cfg.process_patterns]
@@ -130,7 +140,7 @@ def select(roots: Roots, cfg: TracerConfig, gpu_pids: Iterable[int], own_pid: in
                 continue
             pid = int(entry)
             cmd = _command(roots, pid)
-            if cmd is None or _ancestors_excluded(roots, pid, own):
+            if cmd is None or _is_ours(roots, pid, own):
                 continue
             for text, rx in patterns:
                 if rx.search(cmd):

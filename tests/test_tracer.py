@@ -288,3 +288,41 @@ def test_fleet_stacks_names_the_machine_of_the_stuck_rank(make_daemon: Any, shor
         assert doc["fail_slow"]["flags"] == 2 and doc["fail_slow"]["suspect"]["outliers"] == [4, 5, 6, 7]
     finally:
         job.stop()
+
+
+def test_selection_on_a_proc_tree(tmp_path: Path) -> None:
+    """Who counts as a training process, on a fixture /proc: the daemon's own descendants never do."""
+    from robustd import tracer
+    from robustd.config import TracerConfig
+    from robustd.roots import Roots
+
+    def proc(pid: int, ppid: int, cmd: str, env: dict[str, str] | None = None) -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(cmd.replace(" ", "\0").encode() + b"\0")
+        (d / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in (env or {}).items()))
+        (d / "stat").write_text(f"{pid} ({cmd.split()[0]} x) S {ppid} {pid} {pid} 0 -1\n")
+
+    proc(1, 0, "/sbin/init")
+    proc(100, 1, "robustd --config /etc/robustd/robustd.yaml")
+    proc(101, 100, "python -m checks.stoptime.child collectives")      # a diagnostics child
+    proc(102, 101, "python -m checks.stoptime.child collectives rank")  # its rank process, on a GPU
+    proc(200, 1, "torchrun --nproc-per-node 2 pretrain_gpt.py")
+    proc(201, 200, "python pretrain_gpt.py --lr 1e-4", {"RANK": "8", "LOCAL_RANK": "0", "WORLD_SIZE": "16"})
+    proc(202, 200, "python pretrain_gpt.py --lr 1e-4", {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "x"})
+    proc(300, 1, "sshd: root@pts/0")
+    (tmp_path / "self").mkdir()  # not a pid
+    roots = Roots(proc=str(tmp_path))
+
+    cfg = TracerConfig(process_patterns=[r"python .*pretrain_gpt\.py"])
+    got = tracer.select(roots, cfg, gpu_pids=[102, 202, 999], own_pid=100)
+    assert [(t.pid, t.rank, t.local_rank, t.world_size, t.selected_by) for t in got] == [
+        (201, 8, 0, 16, r"pattern:python .*pretrain_gpt\.py"),
+        (202, 9, 1, None, "gpu"),  # a GPU process is selected as such; a malformed WORLD_SIZE is left out
+    ]
+    assert [t.pid for t in tracer.select(roots, TracerConfig(gpu_processes=False), [201], own_pid=100)] == []
+    assert [t.pid for t in tracer.select(roots, TracerConfig(max_processes=1, process_patterns=["pretrain"]), [],
+                                         own_pid=100)] == [201]  # torchrun (no RANK) sorts after the ranks
+    with pytest.raises(tracer.NotTraceable, match="pid 300: not a training process"):
+        tracer.narrow(got, [300], [])
+    assert [t.pid for t in tracer.narrow(got, [], [9])] == [202]
