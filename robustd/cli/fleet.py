@@ -166,8 +166,8 @@ def _counts(outcomes: list[remote.Outcome[Any]]) -> dict[str, int]:
         if o.value is None:
             counts["unreachable" if o.unreachable else "error"] += 1
         else:
-            counts[render.severity_name(o.value.severity).lower()] = counts.get(
-                render.severity_name(o.value.severity).lower(), 0) + 1
+            key = render.severity_name(o.value.severity).lower()
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
