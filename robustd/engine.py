@@ -19,12 +19,33 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from robustd.model import Condition, Event, Report
+from robustd.model import Condition, Event, EventKind, Report
 from robustd.policy import Policy
 from robustd.store import Store
 
 log = logging.getLogger("robustd.engine")
 ERROR_LOG_EVERY = 60.0
+COMPACT_AT = 1000  # held events beyond this are compacted (see compact)
+
+
+def compact(events: list[Event]) -> list[Event]:
+    """Drop each UPDATED that a later UPDATED of the same condition supersedes before any RAISED or CLEARED
+    of it, so a long outage holds O(conditions x transitions) events, not one per repeat per second.
+
+    What is kept still replays to the same conditions: every RAISED and CLEARED, and each condition's
+    newest state between them.
+    """
+    superseded: set[int] = set()
+    last_update: dict[tuple[str, str], int] = {}
+    for i, ev in enumerate(events):
+        key = ev.condition.key
+        if ev.kind is EventKind.UPDATED:
+            if key in last_update:
+                superseded.add(last_update[key])
+            last_update[key] = i
+        else:
+            last_update.pop(key, None)
+    return [ev for i, ev in enumerate(events) if i not in superseded]
 
 
 @dataclass(eq=False)
@@ -122,7 +143,8 @@ class Engine:
 
     def _held(self, events: list[Event], cursors: dict[str, Mapping[str, str]], err: Exception) -> None:
         """Keep what could not be written; say so at once, then once a minute while it lasts."""
-        self.backlog, self._backlog_cursors = events, cursors
+        self.backlog = compact(events) if len(events) > COMPACT_AT else events
+        self._backlog_cursors = cursors
         now = self.clock()
         if not self.store_error:
             self.store_error_since = now
@@ -130,7 +152,7 @@ class Engine:
         self.store_error = f"{type(err).__name__}: {err}"
         if now - self._last_error_log >= ERROR_LOG_EVERY:
             log.error("cannot write the event log (%s): %d events held in memory, retried every second; "
-                      "GetVerdict stays current, Watch streams wait", self.store_error, len(events))
+                      "GetVerdict stays current, Watch streams wait", self.store_error, len(self.backlog))
             self._last_error_log = now
 
     def snapshot(self) -> tuple[list[Condition], int]:

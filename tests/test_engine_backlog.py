@@ -1,0 +1,64 @@
+"""The engine while the event log cannot be written: events held in order, compacted, none lost."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from robustd.codes import CodeRule, CodeTable
+from robustd.engine import COMPACT_AT, Engine
+from robustd.model import Event, EventKind, Finding, Report
+from robustd.policy import Policy
+from robustd.store import Store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_held_events_are_compacted_and_replay_to_the_same_conditions(tmp_path: Path) -> None:
+    clock = Clock()
+    table = CodeTable([{"XID_13": CodeRule(severity="WARNING", action="RESTART_JOB"),
+                        "LINK_FLAP": CodeRule(severity="WARNING", clear_after="10s")}])
+    policy = Policy(table, "boot-a", default_clear_after=3600.0, update_interval=1.0)
+    store = Store(str(tmp_path))
+    engine = Engine(policy, store, clock)
+    real_commit = store.commit
+    full = {"on": True}
+
+    def commit(events: list[Event], cursors: Any = None) -> list[Event]:
+        if full["on"]:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_commit(events, cursors)
+
+    store.commit = commit  # type: ignore[method-assign]
+    xid = Finding(component="gpu/0", code="XID_13", message="app error")
+    flap = Finding(component="nic/eth0", code="LINK_FLAP", message="flap")
+    engine.submit(Report("kernel", (flap,)))
+    for i in range(3 * COMPACT_AT):  # a day-long outage in miniature: one repeat a second
+        clock.now += 1
+        engine.submit(Report("kernel", (xid,)))
+        if i == 100:
+            engine.tick()  # the flap's hold-down has passed: CLEARED, held too
+    assert engine.store_error == "OperationalError: database or disk is full"
+    assert len(engine.backlog) <= COMPACT_AT + 1
+    kinds = [(e.kind, e.condition.code) for e in engine.backlog]
+    assert kinds[:2] == [(EventKind.RAISED, "LINK_FLAP"), (EventKind.RAISED, "XID_13")]
+    assert (EventKind.CLEARED, "LINK_FLAP") in kinds
+    assert policy.conditions[("gpu/0", "XID_13")].count == 3 * COMPACT_AT
+    assert store.head_seq() == 0
+
+    full["on"] = False
+    clock.now += 1
+    engine.tick()
+    assert engine.store_error == "" and engine.backlog == []
+    stored = {c.key: c for c in store.conditions()}
+    assert stored.keys() == policy.conditions.keys() == {("gpu/0", "XID_13")}
+    assert stored[("gpu/0", "XID_13")].count == policy.conditions[("gpu/0", "XID_13")].count
+    assert stored[("gpu/0", "XID_13")].seq == policy.conditions[("gpu/0", "XID_13")].seq == store.head_seq()
+    store.close()
