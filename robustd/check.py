@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from robustd.codes import CodeRule
-from robustd.durations import Duration
+from robustd.durations import Duration, PositiveDuration
 from robustd.model import Finding, Report
 from robustd.roots import Roots
 
@@ -27,15 +27,8 @@ class CheckConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    interval: Duration = 1.0
+    interval: PositiveDuration = 1.0
     timeout: Duration | None = None  # the poll deadline; default: the interval, at most 10s
-
-    @field_validator("interval")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("interval must be greater than zero")
-        return v
 
     @property
     def deadline(self) -> float:

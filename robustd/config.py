@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
-from robustd.durations import Duration
+from robustd.durations import Duration, PositiveDuration
 from robustd.roots import (
     DEFAULT_BOOT_ID,
     DEFAULT_DEV,
@@ -169,17 +169,10 @@ class TracerConfig(Strict):
 
     gpu_processes: bool = True  # processes holding NVML compute contexts
     process_patterns: list[Regex] = Field(default_factory=list)  # searched in each process's command line
-    timeout: Duration = 10.0  # per process
+    timeout: PositiveDuration = 10.0  # per process
     concurrency: int = Field(default=8, ge=1, le=256)  # py-spy children at once
     max_processes: int = Field(default=256, ge=1)
     py_spy: str | None = None  # the py-spy binary; default: beside the daemon's interpreter, then $PATH
-
-    @field_validator("timeout")
-    @classmethod
-    def _positive(cls, v: float) -> float:
-        if v <= 0:
-            raise ValueError("must be more than zero")
-        return v
 
 
 class RootsConfig(Strict):

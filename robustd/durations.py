@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -50,3 +50,13 @@ def _coerce(value: Any) -> Any:
 
 Duration = Annotated[float, BeforeValidator(_coerce), PlainSerializer(format_duration, return_type=str)]
 """A pydantic field type: accepts the text forms above, holds seconds."""
+
+
+def _positive(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("must be greater than zero")
+    return seconds
+
+
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
+"""A Duration that must be more than zero (an interval, a timeout)."""
