@@ -208,8 +208,7 @@ def _stacks(args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds is not None else (5 if args.fail_slow else 1)
     if rounds < 1:
         raise ValueError("--rounds must be at least 1")
-    tr = argparse.Namespace(pid=[], rank=[], native=args.native, capture_timeout=args.capture_timeout)
-    req, allowance = trace.request(tr)
+    req, allowance = trace.request(args.native, args.capture_timeout)
     results: list[dict[str, Any]] = []
     aggs: list[Aggregation] = []
     answered = 0

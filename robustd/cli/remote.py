@@ -33,18 +33,15 @@ class Outcome(Generic[T]):
 def read_hosts(path: str) -> list[str]:
     """A hosts file: one host per line; blank lines and `#` comments ignored."""
     with open(path, encoding="utf-8") as f:
-        return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
+        return [host for line in f if (host := line.split("#", 1)[0].strip())]
 
 
 def hosts_from(args_hosts: Sequence[str], hosts_file: str | None) -> list[str]:
     """Hosts from the command line and the file, in order, each once; ValueError when there are none."""
-    hosts = list(args_hosts) + (read_hosts(hosts_file) if hosts_file else [])
-    seen: dict[str, None] = {}
-    for h in hosts:
-        seen.setdefault(h, None)
-    if not seen:
+    hosts = list(dict.fromkeys([*args_hosts, *(read_hosts(hosts_file) if hosts_file else [])]))
+    if not hosts:
         raise ValueError("no hosts: give HOST arguments or --hosts-file FILE")
-    return list(seen)
+    return hosts
 
 
 def client_for(host: str, timeout: float, tls: tuple[str | None, str | None, str | None]) -> Client:

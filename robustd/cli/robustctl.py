@@ -254,7 +254,7 @@ def cmd_stragglers(client: Client, args: argparse.Namespace) -> int:
 def cmd_trace(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import trace
 
-    req, allowance = trace.request(args)
+    req, allowance = trace.request(args.native, args.capture_timeout, args.pid, args.rank)
     resp: pb.CaptureResponse = client.call("CaptureStacks", req, service="Tracer", timeout=client.timeout + allowance)
     _print(render.to_json(resp) if args.json else trace.text(resp))
     return trace.exit_code(resp)

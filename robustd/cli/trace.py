@@ -27,13 +27,14 @@ def add_arguments(v: argparse.ArgumentParser, duration: Any) -> None:
                    help="per-process py-spy deadline (default: the daemon's tracer.timeout)")
 
 
-def request(args: argparse.Namespace) -> tuple[pb.CaptureRequest, float]:
-    """The CaptureRequest for `args` and the extra RPC deadline the captures need."""
-    req = pb.CaptureRequest(selector=pb.ProcessSelector(pids=args.pid, ranks=args.rank), native=args.native)
+def request(native: bool, capture_timeout: float | None, pids: Sequence[int] = (),
+            ranks: Sequence[int] = ()) -> tuple[pb.CaptureRequest, float]:
+    """The CaptureRequest and the extra RPC deadline its captures need."""
+    req = pb.CaptureRequest(selector=pb.ProcessSelector(pids=pids, ranks=ranks), native=native)
     allowance = DEFAULT_CAPTURE_ALLOWANCE
-    if args.capture_timeout:
-        req.timeout.FromNanoseconds(int(args.capture_timeout * 1e9))
-        allowance = 2 * args.capture_timeout
+    if capture_timeout:
+        req.timeout.FromNanoseconds(int(capture_timeout * 1e9))
+        allowance = 2 * capture_timeout
     return req, allowance
 
 
