@@ -41,6 +41,9 @@ class Worker:
     pp_rank: int
     slowdown: float
 
+    def to_json(self) -> dict:
+        return {"dp_rank": self.dp_rank, "pp_rank": self.pp_rank, "slowdown": _round(self.slowdown)}
+
 
 @dataclass
 class Cause:
@@ -101,10 +104,9 @@ class Report:
             "op_types": {k: r(v) for k, v in self.op_types.items()},
             "dp_ranks": [r(v) for v in self.dp_slowdown],
             "pp_ranks": [r(v) for v in self.pp_slowdown],
-            "workers": [{"dp_rank": w.dp_rank, "pp_rank": w.pp_rank, "slowdown": r(w.slowdown)} for w in self.workers],
+            "workers": [w.to_json() for w in self.workers],
             "causes": [{"kind": c.kind, "evidence": c.evidence,
-                        **({"workers": [{"dp_rank": w.dp_rank, "pp_rank": w.pp_rank, "slowdown": r(w.slowdown)}
-                                        for w in c.workers]} if c.workers else {})} for c in self.causes],
+                        **({"workers": [w.to_json() for w in c.workers]} if c.workers else {})} for c in self.causes],
         }
 
 
