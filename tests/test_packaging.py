@@ -106,12 +106,18 @@ def out() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def make_package(kind: str, into: Path) -> Path:
+    """`make deb|rpm` into a directory; prints the build time and size (the package's footprint)."""
+    t = time.monotonic()
+    p = sh("make", "-s", "-C", REPO, kind, f"PKG_DIR={into}")
+    path = Path(p.stdout.strip().splitlines()[-1])
+    print(f"make {kind}: {time.monotonic() - t:.1f}s, {path.stat().st_size / 2**20:.1f} MiB")
+    return path
+
+
 @pytest.fixture(scope="module")
 def deb(out: Path) -> Path:
-    t = time.monotonic()
-    p = sh("make", "-s", "-C", REPO, "deb", f"PKG_DIR={out / 'v1'}")
-    path = Path(p.stdout.strip().splitlines()[-1])
-    print(f"make deb: {time.monotonic() - t:.1f}s, {path.stat().st_size / 2**20:.1f} MiB")
+    path = make_package("deb", out / "v1")
     assert path.name == f"robustd_{VERSION}-1_amd64.deb"
     return path
 
@@ -250,10 +256,7 @@ def run_installed_daemon(out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def rpm(out: Path) -> Path:
-    t = time.monotonic()
-    p = sh("make", "-s", "-C", REPO, "rpm", f"PKG_DIR={out / 'rpm'}")
-    path = Path(p.stdout.strip().splitlines()[-1])
-    print(f"make rpm: {time.monotonic() - t:.1f}s, {path.stat().st_size / 2**20:.1f} MiB")
+    path = make_package("rpm", out / "rpm")
     assert path.name == f"robustd-{VERSION}-1.x86_64.rpm"
     return path
 
