@@ -25,6 +25,7 @@ from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
 from robustd.model import Action, Finding, FindingKind, Severity
+from robustd.paths import AbsPath
 
 RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "gpu.yaml")
 NVML_LIBRARY = "libnvidia-ml.so.1"
@@ -38,8 +39,8 @@ class GpuConfig(CheckConfig):
 
     backend: Literal["nvml", "emulator"] = "nvml"
     expected_gpus: int | None = Field(default=None, ge=0)
-    emulator_state: str | None = None  # the emulator's state file (required with backend: emulator)
-    emulator_library: str | None = None  # default: built on demand into <state_dir>/nvml-emulator/
+    emulator_state: AbsPath | None = None  # the emulator's state file (required with backend: emulator)
+    emulator_library: AbsPath | None = None  # default: built on demand into <state_dir>/nvml-emulator/
     temp_warn_margin: int = Field(default=0, ge=0)  # WARNING at slowdown threshold minus this (°C)
     temp_critical_margin: int = Field(default=3, ge=0)  # CRITICAL at shutdown threshold minus this (°C)
     init_timeout: Duration = 60.0  # a stuck nvmlInit/inventory is NVML_HANG only after this long

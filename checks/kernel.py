@@ -24,6 +24,7 @@ from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule
 from robustd.durations import Duration
 from robustd.model import Finding, Report
+from robustd.paths import AbsPath
 from robustd.roots import DEFAULT_KMSG, read_boot_id
 
 CURSOR_EVERY_S = 1.0  # a cursor-only report (nothing matched) goes out at most this often
@@ -33,9 +34,9 @@ _CLOSED = object()
 class KernelConfig(CheckConfig):
     """`checks.kernel`."""
 
-    kmsg_path: str = DEFAULT_KMSG
+    kmsg_path: AbsPath = DEFAULT_KMSG
     lookback: Duration = 300.0  # backlog of this boot scanned when there is no cursor for it
-    rules: list[str] = Field(default_factory=list)  # extra rule files, tried before the shipped one
+    rules: list[AbsPath] = Field(default_factory=list)  # extra rule files, tried before the shipped one
     buffer_lines: int = Field(default=8, ge=1, le=256)  # ring buffer for multi-line rules
 
     @field_validator("rules")

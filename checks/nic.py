@@ -32,6 +32,7 @@ from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
 from robustd.model import Finding, FindingKind, Report
+from robustd.paths import AbsPath, NameOrPath
 
 RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "nic.yaml")
 DEFAULT_NETNS_DIR = "/run/netns"  # where `ip netns add` puts its handles
@@ -43,15 +44,15 @@ class NicConfig(CheckConfig):
 
     interfaces: list[str] = Field(default_factory=list)  # globs; default: physical links up at start
     expected_speed_mbps: int | dict[str, int] | None = None  # one speed, or glob → speed
-    sysfs_root: str | None = None  # default: roots.sys
-    netns: str | None = None  # a name under netns_dir, or a path to a netns handle
-    netns_dir: str = DEFAULT_NETNS_DIR
+    sysfs_root: AbsPath | None = None  # default: roots.sys
+    netns: NameOrPath | None = None  # a name under netns_dir, or a path to a netns handle
+    netns_dir: AbsPath = DEFAULT_NETNS_DIR
     flap_count: int = Field(default=6, ge=2)  # carrier changes (down + up = 2) within flap_window
     flap_window: Duration = 300.0
     error_rate: float = Field(default=1.0, ge=0)  # rx+tx errors per second, averaged over rate_window
     drop_rate: float = Field(default=100.0, ge=0)  # rx+tx drops per second, averaged over rate_window
     rate_window: Duration = 10.0
-    ib_root: str | None = None  # default: <sysfs_root>/class/infiniband
+    ib_root: AbsPath | None = None  # default: <sysfs_root>/class/infiniband
     ib_ports: list[str] = Field(default_factory=list)  # "mlx5_*/1" globs; default: ports ACTIVE at start
     expected_ib_rate: float | None = None  # Gb/s ("400 Gb/sec" accepted); default: the rate seen first
     ib_error_rate: float = Field(default=1.0, ge=0)  # IB error counter increase per second

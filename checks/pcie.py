@@ -29,6 +29,7 @@ from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
 from robustd.model import Finding, FindingKind
+from robustd.paths import AbsPath
 
 RULES = str(Path(__file__).with_name("rules") / "pcie.yaml")
 AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
@@ -131,7 +132,7 @@ def _default_classes() -> list[ClassMatch | str]:
 class PcieConfig(CheckConfig):
     """`checks.pcie`."""
 
-    sysfs_root: str | None = None  # default: roots.sys
+    sysfs_root: AbsPath | None = None  # default: roots.sys
     # PCI class prefixes watched: 3D controller and VGA (GPUs), Ethernet and InfiniBand (NICs), and
     # NVIDIA's "other bridge" class (NVSwitch). A plain string is a class prefix; a mapping adds a vendor.
     classes: list[ClassMatch | str] = Field(default_factory=_default_classes)

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
 from robustd.durations import Duration, PositiveDuration
+from robustd.paths import AbsPath, NameOrPath
 from robustd.roots import (
     DEFAULT_BOOT_ID,
     DEFAULT_DEV,
@@ -32,9 +33,9 @@ class Strict(BaseModel):
 
 
 class TlsConfig(Strict):
-    cert: str = Field(min_length=1)  # PEM server certificate (chain)
-    key: str = Field(min_length=1)  # PEM private key
-    client_ca: str | None = None  # PEM CA bundle: set = mutual TLS, every client must present a cert it signed
+    cert: AbsPath = Field(min_length=1)  # PEM server certificate (chain)
+    key: AbsPath = Field(min_length=1)  # PEM private key
+    client_ca: AbsPath | None = None  # PEM CA bundle: set = mutual TLS, every client must present a cert it signed
 
     @model_validator(mode="after")
     def _readable(self) -> TlsConfig:
@@ -51,7 +52,7 @@ class TlsConfig(Strict):
 
 
 class ListenConfig(Strict):
-    unix: str = DEFAULT_SOCKET
+    unix: AbsPath = DEFAULT_SOCKET
     unix_mode: int = Field(default=0o660, ge=0, le=0o777)  # file mode of the Unix socket
     unix_group: str | None = None  # group owning the socket, e.g. the one in authz.disruptive.unix_groups
     tcp: str | None = None  # host:port; needs `tls`, or `insecure: true` for plaintext
@@ -59,6 +60,10 @@ class ListenConfig(Strict):
     insecure: bool = False  # allow `tcp` without TLS (logged as a warning at every start)
     max_message_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # per message, received and sent
     max_concurrent_streams: int = Field(default=100, ge=1, le=10_000)  # per connection (HTTP/2 streams)
+    # The Unix socket's relay: each connection costs three descriptors; beyond these, new ones are refused.
+    max_connections: int = Field(default=256, ge=1, le=100_000)
+    max_connections_per_uid: int = Field(default=64, ge=1, le=100_000)
+    handshake_timeout: PositiveDuration = 10.0  # a connection that sends no bytes within this is closed
 
     @field_validator("unix_group")
     @classmethod
@@ -102,6 +107,9 @@ class PolicyConfig(Strict):
     clear_after: Duration = 300.0  # hold-down: a non-sticky condition clears this long after its last sighting
     update_interval: Duration = 1.0  # at most one UPDATED event per condition per interval for repeats
     escalate_after_reboots: int = Field(default=2, ge=1)
+    # Standing conditions are bounded: past these, a code's new components fold into one `<family>/*` condition.
+    max_conditions_per_code: int = Field(default=64, ge=1, le=100_000)
+    max_conditions: int = Field(default=1000, ge=1, le=1_000_000)
     codes: dict[str, CodeRule] = Field(default_factory=dict)
 
 
@@ -135,7 +143,7 @@ class DiagnosticsConfig(Strict):
     collectives: CollectivesConfig = Field(default_factory=CollectivesConfig)
     minigpt: MinigptConfig = Field(default_factory=MinigptConfig)
     levels: dict[str, list[str]] = Field(default_factory=_default_levels)
-    python: str | None = None  # the interpreter for the test children; default: the daemon's own
+    python: NameOrPath | None = None  # the interpreter for the test children; default: the daemon's own
     timeout: Duration = 7200.0  # a whole Run, unless the request says otherwise
     keep_reports: int = Field(default=500, ge=1)
     test_faults: bool = False  # accept test-only fault injection in specs (tests only; never in production)
@@ -172,19 +180,19 @@ class TracerConfig(Strict):
     timeout: PositiveDuration = 10.0  # per process
     concurrency: int = Field(default=8, ge=1, le=256)  # py-spy children at once
     max_processes: int = Field(default=256, ge=1)
-    py_spy: str | None = None  # the py-spy binary; default: beside the daemon's interpreter, then $PATH
+    py_spy: NameOrPath | None = None  # the py-spy binary; default: beside the daemon's interpreter, then $PATH
 
 
 class RootsConfig(Strict):
-    proc: str = DEFAULT_PROC
-    sys: str = DEFAULT_SYS
-    dev: str = DEFAULT_DEV
+    proc: AbsPath = DEFAULT_PROC
+    sys: AbsPath = DEFAULT_SYS
+    dev: AbsPath = DEFAULT_DEV
 
 
 class Config(Strict):
     node_name: str = Field(default_factory=socket.gethostname, min_length=1)
-    state_dir: str = DEFAULT_STATE_DIR
-    boot_id_path: str = DEFAULT_BOOT_ID
+    state_dir: AbsPath = DEFAULT_STATE_DIR
+    boot_id_path: AbsPath = DEFAULT_BOOT_ID
     log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error)$")
     listen: ListenConfig = Field(default_factory=ListenConfig)
     authz: AuthzConfig = Field(default_factory=AuthzConfig)

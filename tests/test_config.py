@@ -80,3 +80,28 @@ def test_bad_extra_rule_file_is_a_config_error(tmp_path: Path) -> None:
     r = check_config(cfg)
     assert r.returncode == 1
     assert f"{cfg}:3: checks.kernel.rules" in r.stderr and "SITE_FAN" in r.stderr, r.stderr
+
+
+def test_relative_paths_are_resolved_against_the_working_directory_at_load(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`state_dir: ./var` (the dev configs) must mean <cwd>/var everywhere it is used later, e.g. in a
+    file:// rendezvous URL, where `./var/...` would parse as /var/...; bare program names stay for $PATH."""
+    from checks import BUILTIN
+    from robustd.config import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    text = ("state_dir: ./var\nboot_id_path: boot_id\nlisten:\n  unix: run/robustd.sock\n"
+            "diagnostics:\n  python: python3\ntracer:\n  py_spy: ./bin/py-spy\n"
+            "checks:\n  gpu:\n    backend: emulator\n    emulator_state: var/nvml.state\n"
+            "  kernel:\n    kmsg_path: ./kmsg\n  nic:\n    netns: blue\n")
+    s = parse_config(text, "t.yaml", {c.name: c.Config for c in BUILTIN})
+    c = s.config
+    assert c.state_dir == str(tmp_path / "var")
+    assert c.boot_id_path == str(tmp_path / "boot_id")
+    assert c.listen.unix == str(tmp_path / "run" / "robustd.sock")
+    assert c.diagnostics.python == "python3"  # a name, looked up on $PATH when the child starts
+    assert c.tracer.py_spy == str(tmp_path / "bin" / "py-spy")
+    assert s.checks["gpu"].emulator_state == str(tmp_path / "var" / "nvml.state")  # type: ignore[attr-defined]
+    assert s.checks["kernel"].kmsg_path == str(tmp_path / "kmsg")  # type: ignore[attr-defined]
+    assert s.checks["nic"].netns == "blue"  # type: ignore[attr-defined]
+    assert s.roots().kmsg == str(tmp_path / "kmsg")
