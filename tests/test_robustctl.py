@@ -38,15 +38,22 @@ def raise_xid(d: Daemon, line: str, bus: str, code: str) -> None:
 def robustctl(*args: str) -> subprocess.CompletedProcess[str]:
     """robustctl with no daemon fixture, for the tests that need none."""
     return subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", *args], capture_output=True,
-                          text=True, timeout=30, cwd=REPO)
+                          text=True, timeout=30, cwd=REPO, stdin=subprocess.DEVNULL)
+
+
+# Start robustctl with SIGINT's disposition set on purpose (exec keeps an ignored signal ignored), so
+# a test never depends on what the suite inherited: `make test &` in a script starts with SIGINT ignored.
+_WITH_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, getattr(signal, sys.argv[1])); "
+                "os.execv(sys.executable, [sys.executable, '-m', 'robustd.cli.robustctl', *sys.argv[2:]])")
 
 
 class Lines:
     """A robustctl subprocess whose stdout lines are read with a timeout."""
 
-    def __init__(self, d: Daemon, *args: str):
-        cmd = [sys.executable, "-m", "robustd.cli.robustctl", "--socket", d.socket, *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    def __init__(self, d: Daemon, *args: str, sigint: str = "SIG_DFL"):
+        cmd = [sys.executable, "-c", _WITH_SIGINT, sigint, "--socket", d.socket, *args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=REPO)
         self.q: queue.Queue[str] = queue.Queue()
         self.pump = threading.Thread(target=self._pump, daemon=True)
         self.pump.start()
@@ -69,9 +76,10 @@ class Lines:
             if pred(ev):
                 return ev
 
-    def stop(self) -> tuple[int, str]:
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        """Stop with `sig` (SIGTERM: a signal the test controls, whatever the suite inherited); (status, stderr)."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(sig)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -206,6 +214,20 @@ def test_watch_resumes_across_daemon_restart(daemon: Daemon) -> None:
     assert [e["condition"]["component"] for e in seen].count(gpu("d9")) == 1
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_watch_stops_cleanly_when_started_with_sigint_ignored(daemon: Daemon, sig: int) -> None:
+    """A background job of a non-interactive shell inherits SIGINT ignored; Ctrl-C and SIGTERM still stop watch."""
+    bus = "dc" if sig == signal.SIGINT else "dd"
+    raise_xid(daemon, XID13, bus, "XID_13")
+    w = Lines(daemon, "watch", sigint="SIG_IGN")
+    try:
+        line = w.q.get(timeout=10)  # the snapshot: robustctl is up and watching
+        assert gpu(bus) in line and "[snapshot]" in line
+    finally:
+        rc, err = w.stop(sig)
+    assert (rc, err) == (0, ""), "a clean stop: status 0, no traceback"
+
+
 def test_watch_from_seq_ahead_of_log_exits_4(daemon: Daemon) -> None:
     r = daemon.robustctl("watch", "--from-seq", "999999")
     assert r.returncode == 4
@@ -243,7 +265,7 @@ def test_usage_error_exits_64(args: tuple[str, ...]) -> None:
 def test_env_socket_default(daemon: Daemon) -> None:
     env = {**os.environ, "ROBUSTD_SOCKET": daemon.socket}
     r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "status"], capture_output=True, text=True,
-                       timeout=30, cwd=REPO, env=env)
+                       timeout=30, cwd=REPO, env=env, stdin=subprocess.DEVNULL)
     assert r.returncode in (0, 1, 2), r.stderr
     assert r.stdout.startswith("node test-node:")
 

@@ -14,7 +14,7 @@ import grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.cli import render
+from robustd.cli import output, render
 from robustd.cli.args import AddGlobals, verbs
 from robustd.durations import parse_duration
 
@@ -50,22 +50,24 @@ def run(client: Any, args: argparse.Namespace) -> int:
         return _run(client, args)
     if cmd == "list":
         resp = client.call("List", pb.ListDiagnosticsRequest(limit=args.limit), "Diagnostics")
-        print(render.to_json(resp) if args.json else _list_text(resp.reports), flush=True)
+        output.out(render.to_json(resp) if args.json else _list_text(resp.reports), exact=args.json)
         return 0
     if cmd in ("show", "cancel"):
         method, req = ("Get", pb.GetDiagnosticRequest(id=args.id)) if cmd == "show" else \
             ("Cancel", pb.CancelDiagnosticRequest(id=args.id))
         report = client.call(method, req, "Diagnostics")
-        print(render.to_json(report) if args.json else report_text(report), flush=True)
+        output.out(render.to_json(report) if args.json else report_text(report), exact=args.json)
         return exit_code(report)
     if args.golden_command == "record":
         golden = client.call("RecordGolden", pb.RecordGoldenRequest(report_id=args.id), "Diagnostics")
-        print(render.to_json(golden) if args.json else f"recorded {golden.digest} for {golden.key}", flush=True)
+        done = render.printable(f"recorded {golden.digest} for {golden.key}")
+        output.out(render.to_json(golden) if args.json else done, exact=args.json)
         return 0
     resp = client.call("ListGoldens", pb.ListGoldensRequest(), "Diagnostics")
     rows = [[g.key, g.digest[:16], g.report_id, render.local_time(g.recorded_at)] for g in resp.goldens]
-    print(render.to_json(resp) if args.json else
-          (render.table(["KEY", "DIGEST", "REPORT", "RECORDED"], rows) if rows else "no golden digests"), flush=True)
+    output.out(render.to_json(resp) if args.json else
+               (render.table(["KEY", "DIGEST", "REPORT", "RECORDED"], rows) if rows else "no golden digests"),
+               exact=args.json)
     return 0
 
 
@@ -82,8 +84,10 @@ def _run(client: Any, args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty()
     try:
         for msg in pb_grpc.DiagnosticsStub(channel).Run(req):  # no deadline: runs take minutes
+            # A reader that goes away (| head) does not stop the run (the daemon finishes it anyway);
+            # robustctl follows it to the report so that its exit status is the outcome's.
             if args.json:
-                print(render.to_json(msg, indent=None), flush=True)
+                output.out(render.to_json(msg, indent=None), exact=True)
             else:
                 _progress(msg, tty)
             if msg.phase == pb.DiagnosticProgress.PHASE_DONE:
@@ -95,32 +99,36 @@ def _run(client: Any, args: argparse.Namespace) -> int:
     if report is None:
         return 4
     if not args.json:
-        print(report_text(report), flush=True)
+        output.out(report_text(report))
     return exit_code(report)
 
 
 def _progress(msg: pb.DiagnosticProgress, tty: bool) -> None:
+    """One progress line on stderr; on a terminal, PROGRESS lines redraw in place (the only raw CR we print)."""
     bar = "#" * int(msg.percent / 5) + "." * (20 - int(msg.percent / 5))
-    line = f"[{bar}] {msg.percent:5.1f}%  {msg.test or ''} {msg.message}".rstrip()
+    line = render.printable(f"[{bar}] {msg.percent:5.1f}%  {msg.test or ''} {msg.message}".rstrip())
     if msg.phase == pb.DiagnosticProgress.PHASE_FINISHED:
         worst = max((r.status for r in msg.results), default=pb.RESULT_PASS,
                     key=lambda s: (s == pb.RESULT_FAIL, s == pb.RESULT_ERROR, s == pb.RESULT_SKIPPED))
-        line = f"[{bar}] {msg.percent:5.1f}%  {msg.test} finished: {STATUS.get(worst, '?')}"
+        line = render.printable(f"[{bar}] {msg.percent:5.1f}%  {msg.test} finished: {STATUS.get(worst, '?')}")
     if tty and msg.phase == pb.DiagnosticProgress.PHASE_PROGRESS:
-        print(f"\r{line[:120]:<120}", end="", file=sys.stderr, flush=True)
+        output.err(f"{line[:120]:<120}", end="", cr=True)
     else:
-        print(("\r" if tty else "") + line, file=sys.stderr, flush=True)
+        output.err(line, cr=tty)
 
 
 def report_text(r: pb.DiagnosticReport) -> str:
-    head = (f"diagnostic {r.id} on {r.node}: {pb.Outcome.Name(r.outcome).removeprefix('OUTCOME_')}"
+    head = [f"diagnostic {r.id} on {r.node}: {pb.Outcome.Name(r.outcome).removeprefix('OUTCOME_')}"
             + (f" ({render.severity_name(r.severity)}, action {render.action_name(r.action)})"
-               if r.outcome == pb.OUTCOME_FAIL else "")
-            + (f"\nsuspects: {', '.join(r.suspects)}" if r.suspects else "")
-            + (f"\n{r.message}" if r.message else ""))
+               if r.outcome == pb.OUTCOME_FAIL else "")]
+    if r.suspects:
+        head.append(f"suspects: {', '.join(r.suspects)}")
+    if r.message:
+        head.append(r.message)
     rows = [[x.test, x.component, STATUS.get(x.status, "?"),
              " ".join(f"{k}={v:.3g}" for k, v in sorted(x.figures.items())), x.message] for x in r.results]
-    return head + ("\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows) if rows else "")
+    text = render.lines(head)
+    return text + ("\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows) if rows else "")
 
 
 def _list_text(reports: Any) -> str:

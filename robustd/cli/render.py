@@ -2,12 +2,20 @@
 
 Pure functions of protobuf messages plus an explicit `now` and `width`, so every layout is testable
 without a daemon, a clock or a terminal.
+
+Every text in a message came from outside robustctl: a kernel line, a process's command line, a
+peer's error. Human output passes each such field through `printable` (table cells and `lines` do it
+for their callers), so an escape sequence in a device name cannot recolour, retitle or rewrite the
+operator's terminal, and a newline in a message cannot break a table row. JSON needs none of this:
+json.dumps escapes control characters itself and stays the exact data.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +30,51 @@ from robustd.durations import format_duration
 DEFAULT_WIDTH = 80
 _MIN_MESSAGE = 20  # a message column narrower than this is useless; let the line overflow instead
 _ELLIPSIS = "..."
+
+# Unicode categories a terminal acts on instead of drawing: Cc (C0 controls, DEL, C1 controls: ESC
+# sequences, BEL, CR, backspace, and the 8-bit CSI U+009B), Cf (invisible format characters: bidi
+# overrides and isolates that reorder what is shown, zero-width characters, tag characters), Cs
+# (lone surrogates from undecodable bytes, which would make print() raise), Zl and Zp (line breaks).
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_NOT_PLAIN = re.compile(r"[^\x20-\x7e]")  # candidates only; printable ASCII is never looked at twice
+_CUT_ESCAPE = re.compile(r"\\(?:x[0-9a-f]?|u[0-9a-f]{0,3}|U[0-9a-f]{0,7})?$")
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    if unicodedata.category(ch) not in _UNSAFE_CATEGORIES:
+        return ch
+    if ch in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[ch]
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """One field of outside text made safe for a terminal, on one line.
+
+    Control and invisible format characters become Python-style escapes (`\\x1b`, `\\n`, `\\u202e`) that
+    the operator can read and report; everything a terminal merely draws (accents, CJK, emoji) is kept.
+    Backslashes are left alone, so ordinary text is unchanged and printable(printable(x)) == printable(x).
+    """
+    if text.isascii() and text.isprintable():
+        return text
+    return _NOT_PLAIN.sub(_escape, text)
+
+
+def terminal(text: str) -> str:
+    """Whole output made safe: its own line breaks kept, anything else `printable` would escape escaped.
+
+    The last line of defence at print time, for a renderer that forgot a field; the fields themselves
+    are escaped where they are laid out, so a newline inside one never splits a row.
+    """
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def lines(parts: Iterable[str]) -> str:
+    """Join lines that embed outside fields, each made `printable`: a field cannot start a new line."""
+    return "\n".join(printable(line) for line in parts)
 
 
 def to_dict(msg: Message) -> dict[str, Any]:
@@ -88,29 +141,34 @@ def duration(d: Duration) -> str:
 
 
 def truncate(text: str, width: int) -> str:
-    """One line of at most `width` characters; newlines in messages would break the table."""
-    text = " ".join(text.split())
+    """One line of at most `width` characters (`printable`, so a newline cannot break the table)."""
+    text = printable(text)
     if len(text) <= width:
         return text
     if width <= len(_ELLIPSIS):
         return text[:width]
-    return text[: width - len(_ELLIPSIS)] + _ELLIPSIS
+    # Never end on half an escape such as `\x1`: it would read as a different character.
+    return _CUT_ESCAPE.sub("", text[: width - len(_ELLIPSIS)]) + _ELLIPSIS
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int = DEFAULT_WIDTH) -> str:
-    """Left-aligned columns; the last column is cut so each line fits `width` when it can."""
+    """Left-aligned columns; the last column is cut so each line fits `width` when it can.
+
+    Every cell is made `printable` here, so no caller can forget an outside field.
+    """
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row[:-1]):
             widths[i] = max(widths[i], len(cell))
     fixed = sum(widths[:-1]) + 2 * (len(headers) - 1)
     last_width = max(width - fixed, _MIN_MESSAGE)
-    lines = []
+    out = []
     for row in [list(headers), *rows]:
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
         cells.append(truncate(row[-1], last_width))
-        lines.append("  ".join(cells).rstrip())
-    return "\n".join(lines)
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
 
 
 def plural(n: int, word: str) -> str:
@@ -121,34 +179,33 @@ def verdict_summary(v: pb.Verdict) -> str:
     """The one line a person or a log grep needs: node, severity, action, how many, where in the log."""
     sev = severity_name(v.severity)
     action = "" if v.action in (pb.ACTION_NONE, pb.ACTION_UNSPECIFIED) else f" (action {action_name(v.action)})"
-    line = f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"
+    out = [f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"]
     if v.emulated:
-        line += f"\nEMULATED: {', '.join(v.emulated)} (not real hardware)"
+        out.append(f"EMULATED: {', '.join(v.emulated)} (not real hardware)")
     if v.event_log_error:
-        line += (f"\nEVENT LOG NOT WRITABLE: {v.event_log_error}; {plural(v.events_held, 'change')} held in memory "
-                 "(conditions below are current)")
-    return line
+        out.append(f"EVENT LOG NOT WRITABLE: {v.event_log_error}; {plural(v.events_held, 'change')} held in memory "
+                   "(conditions below are current)")
+    return lines(out)
 
 
 def verdict_text(v: pb.Verdict, now: float, width: int = DEFAULT_WIDTH) -> str:
     """Summary line, then the conditions worst first."""
-    out = verdict_summary(v)
+    summary = verdict_summary(v)
     if not v.conditions:
-        return out
+        return summary
     conds = sorted(v.conditions, key=lambda c: (-c.severity, c.component, c.code))
     rows = [[severity_name(c.severity), c.component, c.code, action_name(c.action), str(c.count),
              relative(c.last_seen, now), "sticky" if c.sticky else "", c.message] for c in conds]
     headers = ["SEVERITY", "COMPONENT", "CODE", "ACTION", "COUNT", "LAST SEEN", "STICKY", "MESSAGE"]
-    return out + "\n" + table(headers, rows, width)
+    return summary + "\n" + table(headers, rows, width)
 
 
 def event_line(e: pb.Event) -> str:
     """One event per line for `watch` and `ack`: time, seq, kind, severity, component, code, message."""
     c = e.condition
     mark = " [snapshot]" if e.snapshot else ""
-    text = " ".join(c.message.split())
-    return (f"{local_time(e.at)}  seq {e.seq}  {kind_name(e.kind)}{mark}  {severity_name(c.severity)}  "
-            f"{c.component}  {c.code}  {text}").rstrip()
+    return printable(f"{local_time(e.at)}  seq {e.seq}  {kind_name(e.kind)}{mark}  {severity_name(c.severity)}  "
+                     f"{c.component}  {c.code}  {c.message}").rstrip()
 
 
 def events_text(resp: pb.ListEventsResponse, width: int = DEFAULT_WIDTH) -> str:

@@ -3,6 +3,10 @@
 Exit codes are a contract scripts rely on: 0/1/2 mirror OK/WARNING/CRITICAL for `status`, 3 means
 the daemon could not be reached, 4 any other RPC error, 64 a usage error (argparse's usual 2 would
 read as CRITICAL). Errors are one line on stderr, never a traceback.
+
+Whatever starts robustctl, it stops the same way: Ctrl-C (SIGINT) works even when inherited as
+ignored (a background job of a script), SIGTERM ends `watch` as cleanly as Ctrl-C, and a reader
+that goes away (`| head`) ends output quietly without changing the exit status (see output.py).
 """
 
 from __future__ import annotations
@@ -10,16 +14,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from types import FrameType
+from typing import IO, Any, NoReturn
 
 import grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.cli import render
+from robustd.cli import output, render
 from robustd.cli.args import verbs
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
 from robustd.durations import parse_duration
@@ -36,6 +42,22 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        """Help and usage text too must not fail on a closed pipe (`robustctl --help | head -1`)."""
+        if message:
+            output.write(message, file or sys.stderr)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: like KeyboardInterrupt, not an Exception, so no `except Exception` swallows it."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    """SIGINT or SIGTERM: unwind the verb. A second signal is ignored so that it cannot break the cleanup."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
 
 def _duration(text: str) -> float:
@@ -134,14 +156,15 @@ def _width() -> int:
     return shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns
 
 
-def _print(text: str) -> None:
-    print(text, flush=True)
+def _print(text: str, exact: bool = False) -> bool:
+    """One block of output; `exact` for JSON. False once stdout's reader has gone away."""
+    return output.out(text, exact=exact)
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
     v: pb.Verdict = client.call("GetVerdict", pb.GetVerdictRequest())
     if args.json:
-        _print(render.to_json(v))
+        _print(render.to_json(v), exact=True)
     else:
         now = v.at.ToNanoseconds() / 1e9 if v.HasField("at") else time.time()
         _print(render.verdict_text(v, now, _width()))
@@ -153,24 +176,33 @@ def cmd_events(client: Client, args: argparse.Namespace) -> int:
     if args.since is not None:
         req.since.FromNanoseconds(int((time.time() - args.since) * 1e9))
     resp: pb.ListEventsResponse = client.call("ListEvents", req)
-    _print(render.to_json(resp) if args.json else render.events_text(resp, _width()))
+    _print(render.to_json(resp) if args.json else render.events_text(resp, _width()), exact=args.json)
     return 0
 
 
 def cmd_checks(client: Client, args: argparse.Namespace) -> int:
     resp: pb.ListChecksResponse = client.call("ListChecks", pb.ListChecksRequest())
-    _print(render.to_json(resp) if args.json else render.checks_text(resp, time.time(), _width()))
+    _print(render.to_json(resp) if args.json else render.checks_text(resp, time.time(), _width()), exact=args.json)
     return 0
 
 
 def cmd_ack(client: Client, args: argparse.Namespace) -> int:
     req = pb.AcknowledgeRequest(component=args.component, code=args.code, reason=args.reason)
     resp: pb.AcknowledgeResponse = client.call("Acknowledge", req)
-    _print(render.to_json(resp.event) if args.json else render.event_line(resp.event))
+    _print(render.to_json(resp.event) if args.json else render.event_line(resp.event), exact=args.json)
     return 0
 
 
 def cmd_watch(client: Client, args: argparse.Namespace) -> int:
+    """Print events until Ctrl-C, SIGTERM or the reader going away, each a normal end (exit 0)."""
+    signal.signal(signal.SIGTERM, _stop)  # main() puts the previous handler back
+    try:
+        return _watch(client, args)
+    except (KeyboardInterrupt, Terminated):
+        return 0
+
+
+def _watch(client: Client, args: argparse.Namespace) -> int:
     """Print events forever; on a broken stream resume after the last seq printed, so none is lost or doubled."""
     last = args.from_seq
     established = False
@@ -184,7 +216,7 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
             # its seq is a safe resume point: the snapshot that follows already reflects every event up to it.
             head = stub.GetVerdict(pb.GetVerdictRequest(), timeout=client.timeout).seq
             if established:
-                print(f"robustctl: reconnected; resuming after seq {last}", file=sys.stderr, flush=True)
+                output.err(f"robustctl: reconnected; resuming after seq {last}")
             stream = stub.Watch(pb.WatchRequest(from_seq=last))
             if last == 0:
                 last = head
@@ -193,7 +225,8 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
                 if not ev.snapshot and ev.seq <= last:
                     continue  # already printed before a reconnect
                 last = max(last, ev.seq)
-                _print(render.to_json(ev, indent=None) if args.json else render.event_line(ev))
+                if not _print(render.to_json(ev, indent=None) if args.json else render.event_line(ev), args.json):
+                    return 0  # nobody reads any more (| head): the one way a watch ends by itself
             reason = "the daemon closed the stream"
         except grpc.RpcError as err:
             code = err.code()
@@ -210,8 +243,7 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
             if channel is not None:
                 channel.close()
         if backoff == 0.1:
-            print(f"robustctl: watch stream lost ({reason}); reconnecting to resume after seq {last}",
-                  file=sys.stderr, flush=True)
+            output.err(f"robustctl: watch stream lost ({reason}); reconnecting to resume after seq {last}")
         time.sleep(backoff)
         backoff = min(backoff * 2, _BACKOFF_MAX)
 
@@ -223,6 +255,8 @@ def _offline(verb: str, run: Callable[[argparse.Namespace], int], args: argparse
         return run(args)
     except ValueError as e:
         raise CliError(EXIT_USAGE, f"{verb}: {e}") from None
+    except BrokenPipeError:
+        raise  # a closed stdout is not an unreadable input file; main() ends quietly
     except OSError as e:
         raise CliError(file_exit, f"{verb}: {e.filename or ''}: {e.strerror or e}") from None
 
@@ -256,7 +290,7 @@ def cmd_trace(client: Client, args: argparse.Namespace) -> int:
 
     req, allowance = trace.request(args.native, args.capture_timeout, args.pid, args.rank)
     resp: pb.CaptureResponse = client.call("CaptureStacks", req, service="Tracer", timeout=client.timeout + allowance)
-    _print(render.to_json(resp) if args.json else trace.text(resp))
+    _print(render.to_json(resp) if args.json else trace.text(resp), exact=args.json)
     return trace.exit_code(resp)
 
 
@@ -274,6 +308,29 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb; Ctrl-C works even when robustctl was started with SIGINT ignored.
+
+    A background job of a non-interactive shell starts with SIGINT ignored, and Python then leaves it
+    ignored; an operator's Ctrl-C (or a test's SIGINT) must still stop `watch`.
+    """
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 130  # `watch` returns 0 itself: Ctrl-C is how it ends
+    except BrokenPipeError:
+        # A write that did not go through output (none should): still no traceback, no "Exception ignored".
+        output.discard(sys.stdout)
+        output.discard(sys.stderr)
+        return 0
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(sig, handler)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.socket and args.address:
@@ -285,14 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](client, args)
     except CliError as err:
-        print(f"robustctl: {err}", file=sys.stderr, flush=True)
+        output.err(f"robustctl: {err}")  # escaped: the message may quote the server's status details
         return err.code
-    except KeyboardInterrupt:
-        return 0 if args.command == "watch" else 130
-    except BrokenPipeError:
-        # The reader went away (| head); close quietly, without Python's "Exception ignored" at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":

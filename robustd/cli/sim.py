@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Iterator
 
+from robustd.cli import output, render
 from robustd.nvmlemu import state as emu
 
 
@@ -69,11 +70,12 @@ def run(args: argparse.Namespace) -> int:
     if args.sim_command == "init":
         with _locked(path):
             emu.save(path, emu.healthy_node(args.gpus))
-        print(f"{path}: healthy emulated node with {args.gpus} GPUs")
+        output.out(f"{path}: healthy emulated node with {args.gpus} GPUs")
         return 0
     if args.sim_command == "show":
         st = emu.load(path)
-        print(json.dumps(dataclasses.asdict(st), indent=2) if getattr(args, "json", False) else show_text(st))
+        as_json = getattr(args, "json", False)
+        output.out(json.dumps(dataclasses.asdict(st), indent=2) if as_json else show_text(st), exact=as_json)
         return 0
     with _locked(path):
         st = emu.load(path)
@@ -87,17 +89,19 @@ def run(args: argparse.Namespace) -> int:
             emu.clear(st, args.index)
             done = f"GPU {args.index}: faults cleared"
         emu.save(path, st)
-    print(done)
+    output.out(done)
     return 0
 
 
 def show_text(st: emu.EmulatorState) -> str:
+    """The state file's GPUs as a table; its text values are any file's contents, so each is `printable`."""
     rows = [("GPU", "BUS ID", "NAME", "TEMP", "UTIL", "PCIE", "NVLINK DOWN", "PROCESSES", "FAULTS")]
     for i, g in enumerate(st.gpus):
-        rows.append((str(i), g.bus_id, g.name, f"{g.temperature}C/{g.temp_slowdown}C", f"{g.utilization_gpu}%",
-                     f"Gen{g.pcie_gen}x{g.pcie_width}", g.nvlink_down or "-", g.processes or "-", g.faults or "-"))
+        cells = (str(i), g.bus_id, g.name, f"{g.temperature}C/{g.temp_slowdown}C", f"{g.utilization_gpu}%",
+                 f"Gen{g.pcie_gen}x{g.pcie_width}", g.nvlink_down or "-", g.processes or "-", g.faults or "-")
+        rows.append(tuple(render.printable(c) for c in cells))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = [f"EMULATED NVML: driver {st.driver_version}, {len(st.gpus)} GPUs"
-             + (f", nvmlInit fails with {st.init_error}" if st.init_error else "")]
+    lines = [render.printable(f"EMULATED NVML: driver {st.driver_version}, {len(st.gpus)} GPUs"
+                              + (f", nvmlInit fails with {st.init_error}" if st.init_error else ""))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)

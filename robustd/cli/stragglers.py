@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from robustd.cli import output, render
 from robustd.cli.args import AddGlobals, verbs
 
 if TYPE_CHECKING:
@@ -38,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         timeline.write(graph, args.timeline)
     if args.json:
-        print(json.dumps(report.to_json()), flush=True)
+        output.out(json.dumps(report.to_json()), exact=True)
     else:
-        print(text(report, heatmap_path=args.heatmap, timeline_path=args.timeline), flush=True)
+        output.out(text(report, heatmap_path=args.heatmap, timeline_path=args.timeline))
     return 0
 
 
@@ -65,4 +66,4 @@ def text(r: Report, heatmap_path: str | None = None, timeline_path: str | None =
         lines.append(f"heatmap: {heatmap_path}")
     if timeline_path:
         lines.append(f"timeline: {timeline_path}")
-    return "\n".join(lines)
+    return render.lines(lines)  # job name, op types and cause evidence come from the trace's files

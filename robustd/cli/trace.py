@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from robustd.api.v1 import robustd_pb2 as pb
+from robustd.cli import render
 
 # The RPC deadline when the daemon picks the per-process timeout (tracer.timeout, 10 s by default):
 # room for a few waves of captures on a node with many processes.
@@ -56,11 +57,12 @@ def rank_label(p: pb.ProcessStacks) -> str:
 def text(resp: pb.CaptureResponse) -> str:
     """py-spy's own dump layout per process, under a header naming the process, its rank and why it was traced.
 
-    Nothing is cut to the terminal's width: a stack is read whole or not at all.
+    Nothing is cut to the terminal's width: a stack is read whole or not at all. Command lines, thread
+    names and frames come from the traced processes, so each line is made `printable`.
     """
     if not resp.processes:
-        return (f"{resp.node}: no training processes (none holds a GPU compute context or matches "
-                "tracer.process_patterns)")
+        return render.printable(f"{resp.node}: no training processes (none holds a GPU compute context or matches "
+                                "tracer.process_patterns)")
     failed = sum(1 for p in resp.processes if p.error)
     n = len(resp.processes)
     lines = [f"{resp.node}: {n} training process{'' if n == 1 else 'es'}"
@@ -77,7 +79,7 @@ def text(resp: pb.CaptureResponse) -> str:
             for f in t.frames:
                 where = f"{_short(f.file)}:{f.line}" if f.line else _short(f.file)
                 lines.append(f"    {f.function} ({where})")
-    return "\n".join(lines)
+    return render.lines(lines)
 
 
 def _short(path: str) -> str:

@@ -1,0 +1,60 @@
+"""Everything robustctl writes goes through here: terminal-safe text, and a reader that goes away.
+
+`robustctl ... | head -c 10` closes the pipe while robustctl may still be writing. Like other Unix
+tools robustctl then says nothing, but it does not die of SIGPIPE: Python ignores that signal, and
+turning it back on would also kill robustctl when a gRPC peer hangs up mid-write. Instead a write
+that fails with EPIPE points the stream at /dev/null (so no later write, and no flush at exit, can
+fail or print "Exception ignored") and reports the reader gone. The verb runs to its end and keeps
+its exit status: a broken pipe never turns `status`'s CRITICAL into OK or an error, whether or not
+the reader happened to take the output before it left. Only `watch`, which never ends by itself,
+stops when nobody reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import IO
+
+from robustd.cli.render import printable, terminal
+
+
+def out(text: str, *, exact: bool = False) -> bool:
+    """Print one block of output on stdout; False when stdout's reader is gone.
+
+    Human text passes `terminal` as a last line of defence (its renderers already escaped each
+    field); `exact=True` is for JSON, which is ASCII with its own escapes and must stay the data.
+    """
+    return write((text if exact else terminal(text)) + "\n", sys.stdout)
+
+
+def err(line: str, *, end: str = "\n", cr: bool = False) -> bool:
+    """One line on stderr, outside text in it escaped (gRPC status details come from the server).
+
+    `cr` starts the line with a carriage return that redraws a progress line on a terminal.
+    """
+    return write(("\r" if cr else "") + printable(line) + end, sys.stderr)
+
+
+def write(text: str, stream: IO[str]) -> bool:
+    """Write and flush; on EPIPE send `stream` to /dev/null and return False, printing nothing."""
+    try:
+        stream.write(text)
+        stream.flush()
+        return True
+    except BrokenPipeError:
+        discard(stream)
+        return False
+
+
+def discard(stream: IO[str]) -> None:
+    """Point the stream's file descriptor at /dev/null: what is still buffered, and any later write, vanish."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
