@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 def sim(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if k != emu.ENV_VAR}
     return subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "sim", *args], capture_output=True,
-                          text=True, timeout=30, cwd=REPO, env={**full_env, **(env or {})})
+                          text=True, timeout=30, cwd=REPO, env={**full_env, **(env or {})}, stdin=subprocess.DEVNULL)
 
 
 def test_init_show_set_fault_clear(tmp_path: Path) -> None:
