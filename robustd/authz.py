@@ -2,7 +2,11 @@
 
 Identity comes from the transport:
 
-- TCP with TLS: the client certificate's names (SAN DNS/URI/..., and the CN), from the call's auth context.
+- TCP with TLS: the client certificate's names by type (DNS, URI, email and IP SANs, and the CN), from the
+  call's auth context. Matching follows RFC 6125: an entry of `authz.disruptive.identities` names its type
+  (`dns:`, `uri:`, `email:`, `ip:`; `spiffe://…` is a URI); a plain name matches a DNS SAN, or the CN only
+  when the certificate has no SANs at all. An email or URI SAN that happens to spell an allowed host name
+  grants nothing.
 - The Unix socket: the peer's uid, gid and supplementary groups from SO_PEERCRED/SO_PEERGROUPS. grpcio does
   not expose a connection's socket to servicers, so the public socket is accepted here (`UnixFront`): each
   connection's credentials are read at accept time, then its bytes are relayed to gRPC's private inner
@@ -15,22 +19,37 @@ a certificate that CA signed). Disruptive RPCs need an allowed identity: a certi
 `authz.disruptive.identities`, or on the Unix socket uid 0 or a member of a group in
 `authz.disruptive.unix_groups`. Without an identity the answer is UNAUTHENTICATED, with one that is not
 allowed PERMISSION_DENIED; either way the method never runs.
+
+The relay is bounded (design rule 7): every relayed connection holds three descriptors, so connections are
+counted per uid and in total (`listen.max_connections_per_uid`, `listen.max_connections`), and one that
+sends nothing within `listen.handshake_timeout` is closed (a gRPC client sends its HTTP/2 preface at once).
+The per-uid cap applies to every uid, root included; the other uids together may hold at most
+`max_connections` minus root's reserve (`min(max_connections_per_uid, max_connections // 2)`), so a flood
+from unprivileged users never locks out an operator or a scheduler running as root. The excess is accepted
+and closed at once, so its client sees the connection end instead of hanging in the backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import grp
+import ipaddress
 import itertools
 import logging
 import os
+import resource
 import shutil
 import socket
+import ssl
+import stat
 import struct
 import tempfile
+import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
@@ -48,6 +67,13 @@ DISRUPTIVE = frozenset({
 })
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 RELAY_CHUNK = 64 * 1024
+FDS_PER_RELAY = 3  # the caller's connection, ours to the inner socket, and gRPC's end of it
+FD_HEADROOM = 1024  # descriptors for everything else: gRPC, SQLite, checks, the diagnostics' pipes
+LISTEN_BACKLOG = 512
+LOG_INTERVAL = 10.0  # at most one line per this many seconds for refusals, and for accept errors
+ACCEPT_RETRY = (0.05, 1.0)  # first and longest pause after a failed accept (EMFILE stays "readable")
+_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_SAN_OID = bytes.fromhex("0603551d11")  # DER of OID 2.5.29.17, subjectAltName
 
 
 @dataclass(frozen=True)
@@ -62,14 +88,36 @@ class UnixPeer:
 
 
 @dataclass(frozen=True)
+class CertNames:
+    """The names a verified client certificate presents, by type (RFC 6125 reference identifiers)."""
+
+    dns: tuple[str, ...] = ()
+    uri: tuple[str, ...] = ()
+    email: tuple[str, ...] = ()
+    ip: tuple[str, ...] = ()
+    cn: tuple[str, ...] = ()
+    has_san: bool = False  # any subjectAltName, also of a type gRPC does not report (otherName, dirName)
+
+    def __str__(self) -> str:
+        names = [*self.dns, *(f"uri:{n}" for n in self.uri), *(f"email:{n}" for n in self.email),
+                 *(f"ip:{n}" for n in self.ip), *(f"CN={n}" for n in self.cn)]
+        return ", ".join(_escaped(n) for n in names) or "(no names)"
+
+
+@dataclass(frozen=True)
 class Identity:
     """Who called: a Unix peer, or the names on a verified client certificate."""
 
     unix: UnixPeer | None = None
-    names: tuple[str, ...] = ()
+    cert: CertNames | None = None
 
     def __str__(self) -> str:
-        return str(self.unix) if self.unix else "certificate " + ", ".join(self.names)
+        return str(self.unix) if self.unix else f"certificate {self.cert}"
+
+
+def _escaped(name: str) -> str:
+    """A certificate name made safe for a log line: control and non-ASCII characters as Python escapes."""
+    return name if name.isascii() and name.isprintable() else name.encode("unicode_escape").decode("ascii")
 
 
 def peer_credentials(sock: socket.socket) -> UnixPeer:
@@ -81,7 +129,7 @@ def peer_credentials(sock: socket.socket) -> UnixPeer:
         try:
             raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * size)
         except OSError as e:
-            if e.errno == 34:  # ERANGE: more groups than the buffer holds
+            if e.errno == errno.ERANGE:  # more groups than the buffer holds
                 size *= 4
                 continue
             break  # an old kernel: the primary gid only
@@ -90,53 +138,273 @@ def peer_credentials(sock: socket.socket) -> UnixPeer:
     return UnixPeer(uid=uid, gid=gid, pid=pid, groups=frozenset(groups))
 
 
-class UnixFront:
-    """The public Unix socket: records each peer's credentials and relays it to gRPC's inner socket."""
+# -- the socket's directory and descriptors -------------------------------------------------------------
 
-    def __init__(self, path: str, mode: int, group: str | None = None):
+def check_socket_dir(directory: str) -> None:
+    """Refuse a socket directory where another local user could swap names under the root daemon.
+
+    In a directory that others may write to and that is not sticky (as /tmp is), anyone can rename or
+    replace the entries robustd creates there, e.g. put a symlink where the socket or the relay's private
+    directory is about to be, and have root act on a file of their choosing. The same holds for a directory
+    owned by another user, for every directory above it, and for a symlink on the way that another user
+    owns. Raises RuntimeError with one line that names the directory.
+    """
+    trusted = {0, os.geteuid()}
+    lexical = os.path.abspath(directory)
+    real = os.path.realpath(lexical)
+    prefixes = _prefixes(lexical)
+    dirs = dict.fromkeys([*_prefixes(real), *(os.path.realpath(os.path.dirname(p)) for p in prefixes)])
+    for p in prefixes:
+        try:
+            st = os.lstat(p)
+        except OSError as e:
+            raise RuntimeError(f"listen.unix: socket directory {lexical}: {p}: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
+            raise RuntimeError(f"listen.unix: socket directory {lexical}: {p} is a symlink owned by uid "
+                               f"{st.st_uid}, who could point it elsewhere; use a path without it")
+    for d in dirs:
+        st = os.stat(d)  # a real path: no symlinks left to follow
+        label = f"socket directory {lexical}" if d == real else f"{d}, above the socket directory {lexical},"
+        if st.st_uid not in trusted:
+            raise RuntimeError(f"listen.unix: {label} is owned by uid {st.st_uid}, who could swap the socket for a "
+                               "symlink; use a directory owned by root, such as /run/robustd")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            raise RuntimeError(f"listen.unix: {label} is writable by group/others and not sticky; another user "
+                               "could swap the socket for a symlink. Use a directory only root can write, such as "
+                               "/run/robustd, or a sticky one like /tmp")
+
+
+def _prefixes(path: str) -> list[str]:
+    """`/a/b/c` → [`/a`, `/a/b`, `/a/b/c`]; `/` itself is checked as the directory above `/a`."""
+    parts = [p for p in path.split(os.sep) if p]
+    return [os.sep + os.sep.join(parts[:i]) for i in range(1, len(parts) + 1)] or [os.sep]
+
+
+def raise_fd_limit(connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force.
+
+    systemd (and most login sessions) start a process with a soft limit of 1,024, for the sake of
+    programs that still use select() (FD_SETSIZE), and a far higher hard limit that a program using
+    poll/epoll is expected to raise itself. robustd is such a program (asyncio and gRPC use epoll), and the
+    relay holds three descriptors per connection: at 1,024 a few hundred idle connections would make
+    every accept, open() and socket() in the daemon fail. The unit also sets LimitNOFILE=. A limit that
+    cannot hold `listen.max_connections` relays is logged, since connections beyond it fail at accept.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as e:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, e)
+    need = FDS_PER_RELAY * connections + FD_HEADROOM
+    if soft != resource.RLIM_INFINITY and soft < need:
+        log.warning("the open-file limit is %d: too low for listen.max_connections %d (%d descriptors each, "
+                    "about %d in all); set LimitNOFILE= higher or lower listen.max_connections", soft,
+                    connections, FDS_PER_RELAY, need)
+    return soft
+
+
+class RateLimitedLog:
+    """One log line per `interval` for an event that can come thousands of times a second.
+
+    A flood of refused connections or failed accepts must not fill the journal or the disk (an unbounded
+    log is itself a denial of service): the first event in a window is logged, the rest are counted, and
+    the count is logged when the window ends.
+    """
+
+    def __init__(self, logger: logging.Logger, interval: float = LOG_INTERVAL, level: int = logging.WARNING):
+        self.logger = logger
+        self.interval = interval
+        self.level = level
+        self.last = -float("inf")
+        self.suppressed = 0
+        self._what = ""
+        self._flush: asyncio.TimerHandle | None = None
+
+    def __call__(self, what: str, msg: str, *args: Any) -> None:
+        """Log `msg % args`, or count it as one more `what` (e.g. "refused connections") in this window."""
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.flush()  # a count no timer reported (there was no running loop)
+            self.last = now
+            self.logger.log(self.level, msg, *args)
+            return
+        self.suppressed += 1
+        self._what = what
+        if self._flush is None:
+            with contextlib.suppress(RuntimeError):  # no running loop: the next logged line reports the count
+                self._flush = asyncio.get_running_loop().call_later(self.last + self.interval - now, self.flush)
+
+    def flush(self) -> None:
+        self.cancel()
+        if self.suppressed:
+            self.logger.log(self.level, "%d more %s in the last %.0fs (at most one line per %.0fs)", self.suppressed,
+                            self._what, self.interval, self.interval)
+            self.suppressed = 0
+            self.last = time.monotonic()
+
+    def cancel(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+
+
+# -- the Unix socket relay ------------------------------------------------------------------------------
+
+class UnixFront:
+    """The public Unix socket: records each peer's credentials and relays it to gRPC's inner socket.
+
+    The socket is bound under a private name in robustd's own 0700 directory, given its mode and group
+    there, and only then renamed onto the public path: nobody sees it before its permissions are right, and
+    rename() replaces whatever is at the path (a stale socket, or a symlink someone planted) without
+    following it. Nothing is ever chmod'ed or chown'ed through the public path.
+    """
+
+    def __init__(self, path: str, mode: int, group: str | None = None, *, max_connections: int = 256,
+                 max_connections_per_uid: int = 64, handshake_timeout: float = 10.0):
         self.path = path
         self.mode = mode
         self.group = group
+        self.max_connections = max_connections
+        self.max_per_uid = max_connections_per_uid
+        self.root_reserve = min(max_connections_per_uid, max_connections // 2)
+        self.handshake_timeout = handshake_timeout
         parent = os.path.dirname(os.path.abspath(path))
+        check_socket_dir(parent)
         _sweep_stale(parent)
-        self.dir = tempfile.mkdtemp(prefix=".robustd-", dir=parent)
-        os.chmod(self.dir, 0o700)
+        self.dir = tempfile.mkdtemp(prefix=".robustd-", dir=parent)  # mode 0700, a name nobody could have taken
         self.inner = os.path.join(self.dir, "s")
         self.peers: dict[str, UnixPeer] = {}
+        self.open_by_uid: collections.Counter[int] = collections.Counter()
         self._ids = itertools.count(1)
-        self._server: asyncio.AbstractServer | None = None
+        self._listener: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refusals = RateLimitedLog(log)
+        self._errors = RateLimitedLog(log)
 
     @property
     def inner_address(self) -> str:
         return f"unix:{self.inner}"
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._accept, self.path, limit=RELAY_CHUNK)
-        if self.group is not None:  # members of this group can connect (mode 0660 by default)
-            import grp
+    @property
+    def open_connections(self) -> int:
+        return sum(self.open_by_uid.values())
 
-            os.chown(self.path, -1, grp.getgrnam(self.group).gr_gid)
-        os.chmod(self.path, self.mode)
+    async def start(self) -> None:
+        raise_fd_limit(self.max_connections)
+        private = os.path.join(self.dir, "listen")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(private)
+            if self.group is not None:  # members of this group can connect (mode 0660 by default)
+                os.chown(private, -1, grp.getgrnam(self.group).gr_gid, follow_symlinks=False)
+            os.chmod(private, self.mode)  # in our 0700 directory: no one can have put a symlink here
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+            os.rename(private, self.path)  # atomic; replaces a stale socket or a symlink, never follows one
+        except BaseException:
+            sock.close()
+            raise
+        self._listener = sock
+        self._acceptor = asyncio.get_running_loop().create_task(self._accept_loop())
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._acceptor
+        if self._listener is not None:
+            self._listener.close()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._refusals.cancel()
+        self._errors.cancel()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def lookup(self, peer: str) -> UnixPeer | None:
         return self.peers.get(peer)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        key = ""
+    async def _accept_loop(self) -> None:
+        """Accept forever; on a failed accept, pause and log at most one line per LOG_INTERVAL.
+
+        Our own loop rather than asyncio.start_unix_server: when accept() fails with EMFILE the listening
+        socket stays readable, and asyncio's server logs a traceback for each attempt; here the loop backs
+        off (up to ACCEPT_RETRY[1]) instead of spinning, and the log line says what happened once.
+        """
+        assert self._listener is not None
+        loop = asyncio.get_running_loop()
+        pause = ACCEPT_RETRY[0]
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._listener)
+            except OSError as e:
+                hint = " (the open-file limit is reached; see listen.max_connections)" \
+                    if e.errno in _RESOURCE_ERRORS else ""
+                self._errors("failed accepts on the Unix socket", "Unix socket %s: accept failed: %s%s; "
+                             "retrying in %.2fs", self.path, e.strerror or e, hint, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, ACCEPT_RETRY[1])
+                continue
+            pause = ACCEPT_RETRY[0]
+            self._admit(conn)
+
+    def _admit(self, conn: socket.socket) -> None:
         try:
-            creds = peer_credentials(writer.get_extra_info("socket"))
+            creds = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        refusal = self._refusal(creds.uid)
+        if refusal is not None:
+            conn.close()  # accepted and closed at once: the client sees the end, not a hang
+            self._refusals("refused connections on the Unix socket", "Unix socket %s: refused a connection "
+                           "from %s: %s", self.path, creds, refusal)
+            return
+        self.open_by_uid[creds.uid] += 1
+        started: list[bool] = []  # the relay appends once it owns `conn` (a task cancelled early never does)
+        task = asyncio.get_running_loop().create_task(self._relay(conn, creds, started))
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._release(t, conn, creds.uid, started))
+
+    def _refusal(self, uid: int) -> str | None:
+        """Why a new connection from `uid` is over the limits, or None to admit it."""
+        mine = self.open_by_uid[uid]
+        total = self.open_connections
+        if mine >= self.max_per_uid:
+            return f"it already holds {mine} connections (listen.max_connections_per_uid)"
+        if total >= self.max_connections:
+            return f"{total} connections are open (listen.max_connections)"
+        if uid != 0 and total - self.open_by_uid[0] >= self.max_connections - self.root_reserve:
+            return (f"{total} connections are open; the last {self.root_reserve} of listen.max_connections are "
+                    "kept for root")
+        return None
+
+    def _release(self, task: asyncio.Task[None], conn: socket.socket, uid: int, started: list[bool]) -> None:
+        self._tasks.discard(task)
+        if not started:
+            conn.close()  # cancelled before it ran; otherwise the relay's transport closes it
+        elif not task.cancelled() and task.exception() is not None:
+            log.error("Unix socket relay failed", exc_info=task.exception())
+        self.open_by_uid[uid] -= 1
+        if self.open_by_uid[uid] <= 0:
+            del self.open_by_uid[uid]
+
+    async def _relay(self, conn: socket.socket, creds: UnixPeer, started: list[bool]) -> None:
+        started.append(True)
+        key = ""
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=RELAY_CHUNK)
+            try:  # until the first bytes arrive this connection holds one descriptor, not three
+                first = await asyncio.wait_for(reader.read(RELAY_CHUNK), self.handshake_timeout)
+            except TimeoutError:
+                log.debug("Unix connection from %s closed: nothing sent within listen.handshake_timeout", creds)
+                return
+            if not first:
+                return
             out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             bound = os.path.join(self.dir, f"c{next(self._ids)}")
             try:
@@ -152,6 +420,7 @@ class UnixFront:
                 with contextlib.suppress(OSError):
                     os.unlink(bound)  # the kernel keeps the name for the peer; the file is not needed
             inner_reader, inner_writer = await asyncio.open_unix_connection(sock=out, limit=RELAY_CHUNK)
+            inner_writer.write(first)
             pumps = {asyncio.ensure_future(_pump(reader, inner_writer)),
                      asyncio.ensure_future(_pump(inner_reader, writer))}
             try:  # until both directions end (half-close is normal), or one of them fails
@@ -163,13 +432,19 @@ class UnixFront:
                     t.cancel()
                 await asyncio.gather(*pumps, return_exceptions=True)
                 inner_writer.close()
-        except (OSError, asyncio.CancelledError) as e:
-            if not isinstance(e, asyncio.CancelledError):
-                log.debug("unix connection ended: %s", e)
+        except OSError as e:
+            if e.errno in _RESOURCE_ERRORS:
+                self._errors("failed accepts on the Unix socket", "Unix socket %s: cannot relay a connection "
+                             "from %s: %s (the open-file limit is reached; see listen.max_connections)",
+                             self.path, creds, e.strerror)
+            else:
+                log.debug("Unix connection ended: %s", e)
         finally:
             self.peers.pop(key, None)
-            writer.close()
-            self._tasks.discard(task)
+            if writer is not None:
+                writer.close()
+            else:
+                conn.close()  # no transport was made for it
 
 
 def _sweep_stale(parent: str) -> None:
@@ -206,22 +481,185 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
                 dst.write_eof()
 
 
+# -- certificate identities ------------------------------------------------------------------------------
+
+def parse_identity(entry: str) -> tuple[str, str]:
+    """(type, name) of one `identities` entry; the type is dns, uri, email or ip, or "" for a plain name.
+
+    RFC 6125: a name counts only as the SAN type it is written for, so an email or URI SAN that spells an
+    allowed host name grants nothing. A plain name matches a DNS SAN, or the CN of a certificate without
+    any SAN; `spiffe://…` is a URI even without `uri:`. Raises ValueError saying what is wrong.
+    """
+    if not entry or entry != entry.strip() or not entry.isprintable():
+        raise ValueError("an identity is a non-empty name without control characters or outer spaces")
+    head, sep, name = ("uri", ":", entry) if entry.startswith("spiffe://") else entry.partition(":")
+    if not sep:
+        return "", entry  # may hold spaces: a CN is not always a host name
+    if any(c.isspace() for c in entry):
+        raise ValueError("a typed identity has no spaces")
+    kind = head.lower()
+    if kind not in ("dns", "uri", "email", "ip"):
+        raise ValueError(f"unknown identity type {head + ':'!r} (known: dns:, uri:, email:, ip:; a name without a "
+                         "type matches a DNS SAN, or the CN of a certificate without SANs)")
+    if not name:
+        raise ValueError(f"nothing after {head + ':'!r}")
+    if kind == "ip":
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            raise ValueError(f"{name!r} is not an IP address") from None
+    elif kind == "email" and "@" not in name[1:-1]:
+        raise ValueError(f"{name!r} is not an email address")
+    elif kind == "uri" and ":" not in name[1:]:
+        raise ValueError(f"{name!r} is not a URI (it has no scheme, e.g. spiffe://…)")
+    elif kind == "dns" and any(c in name for c in "/@:"):
+        raise ValueError(f"{name!r} is not a DNS name")
+    return kind, name
+
+
+def cert_names(auth: dict[str, list[bytes]]) -> CertNames | None:
+    """The typed names of a verified peer certificate, from a gRPC auth context (None without one).
+
+    grpcio reports DNS, URI, email and IP SANs by type (`peer_dns`, `peer_uri`, `peer_email`, `peer_ip`;
+    seen on 1.85) and all of them untyped in `x509_subject_alternative_name`. Whether the certificate has a
+    SAN extension at all (it may hold only types gRPC does not report) is read from the certificate itself;
+    when that cannot be told, it counts as having one, so the CN is not used.
+    """
+    if auth.get("transport_security_type") != [b"ssl"]:
+        return None
+
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(n.decode(errors="replace") for n in auth.get(key, [])))
+
+    typed = {k: names(f"peer_{k}") for k in ("dns", "uri", "email", "ip")}
+    cn = names("x509_common_name")
+    has_san = any(typed.values()) or bool(auth.get("x509_subject_alternative_name")) \
+        or _has_san_extension(auth.get("x509_pem_cert", []))
+    if not (any(typed.values()) or cn):
+        return None
+    return CertNames(**typed, cn=cn, has_san=has_san)
+
+
+def _has_san_extension(pem: list[bytes]) -> bool:
+    """True when the certificate carries a subjectAltName extension, or when that cannot be told.
+
+    A byte search for the extension's OID in the DER: it cannot miss one, and a false match only makes
+    matching stricter (the CN stops counting), so no X.509 parser is needed for this one question.
+    """
+    if not pem:
+        return True
+    try:
+        der = ssl.PEM_cert_to_DER_cert(pem[0].decode("ascii"))
+    except (ValueError, UnicodeDecodeError):
+        return True
+    return _SAN_OID in der
+
+
+def _dns(name: str) -> str:
+    return name.lower().rstrip(".")
+
+
+def _email(address: str) -> str:
+    local, _, domain = address.rpartition("@")
+    return f"{local}@{domain.lower()}"
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def identity_matches(kind: str, name: str, cert: CertNames) -> bool:
+    """Whether one parsed `authz.disruptive.identities` entry names this certificate (RFC 6125, §6.4).
+
+    DNS names compare case-insensitively, an email's domain too; URIs compare exactly; IP addresses as
+    addresses. Wildcards in a certificate are not expanded: an entry matches `*.example` only as written.
+    """
+    if kind in ("", "dns"):
+        if _dns(name) in {_dns(n) for n in cert.dns}:
+            return True
+        return kind == "" and not cert.has_san and _dns(name) in {_dns(n) for n in cert.cn}
+    if kind == "uri":
+        return name in cert.uri
+    if kind == "email":
+        return _email(name) in {_email(n) for n in cert.email}
+    if kind == "ip":
+        want = _ip(name)
+        return want is not None and want in {_ip(n) for n in cert.ip}
+    return False
+
+
+def describe_identity_changes(identities: Iterable[str]) -> list[tuple[int, str]]:
+    """Log lines (level, text) for plain entries whose meaning changed with typed matching.
+
+    Before, a plain name matched any SAN or the CN; now it matches a DNS SAN, or the CN of a certificate
+    without SANs. A plain name that looks like an email or IP address most likely meant that SAN type and
+    now matches nothing it used to: a warning with the entry to write. Host names lose only the loose
+    matches: one informational line lists them.
+    """
+    lines: list[tuple[int, str]] = []
+    hosts: list[str] = []
+    for entry in identities:
+        try:
+            kind, name = parse_identity(entry)
+        except ValueError:
+            continue  # the config validation reported it
+        if kind:
+            continue
+        hint = "email" if "@" in name else "ip" if _ip(name) is not None else ""
+        if hint:
+            lines.append((logging.WARNING, f"authz.disruptive.identities: {name!r} now matches only a DNS SAN, or "
+                                           f"the CN of a certificate without SANs; write '{hint}:{name}' to match "
+                                           f"an {'email' if hint == 'email' else 'IP'} SAN"))
+        else:
+            hosts.append(name)
+    if hosts:
+        shown = ", ".join(repr(h) for h in hosts[:10]) + (f" and {len(hosts) - 10} more" if len(hosts) > 10 else "")
+        verb = "matches" if len(hosts) == 1 else "match"
+        lines.insert(0, (logging.INFO, f"authz.disruptive.identities: {shown} now {verb} only a DNS SAN, or the CN "
+                                       "of a certificate without SANs; write 'uri:...' or 'email:...' to match those"))
+    return lines
+
+
+# -- authorization ----------------------------------------------------------------------------------------
+
 class Authorizer:
     def __init__(self, config: Callable[[], AuthzConfig], front: UnixFront | None):
         self.config = config
         self.front = front
+        self._compiled_for: tuple[str, ...] | None = None
+        self._rules: tuple[tuple[str, str], ...] = ()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Parse `authz.disruptive.identities` again if they changed, and log which plain names changed meaning.
+
+        Runs at construction (daemon start) and before every disruptive call, so a SIGHUP reload takes
+        effect at once; calling it right after a reload logs the notes at reload time.
+        """
+        entries = tuple(self.config().disruptive.identities)
+        if entries == self._compiled_for:
+            return
+        rules = []
+        for entry in entries:
+            try:
+                rules.append(parse_identity(entry))
+            except ValueError as e:  # validated at load; never expected, but an unparsable entry allows no one
+                log.error("authz.disruptive.identities: %r ignored: %s", entry, e)
+        self._rules = tuple(rules)
+        self._compiled_for = entries
+        for level, line in describe_identity_changes(entries):
+            log.log(level, "%s", line)
 
     def identify(self, context: grpc.aio.ServicerContext) -> Identity | None:
         peer = context.peer() or ""
         if self.front is not None and peer.startswith("unix:"):
             creds = self.front.lookup(peer)
             return Identity(unix=creds) if creds else None
-        auth = context.auth_context() or {}
-        if auth.get("transport_security_type") != [b"ssl"]:
-            return None
-        names = [n.decode(errors="replace") for key in ("x509_subject_alternative_name", "x509_common_name")
-                 for n in auth.get(key, [])]
-        return Identity(names=tuple(dict.fromkeys(names))) if names else None
+        cert = cert_names(context.auth_context() or {})
+        return Identity(cert=cert) if cert else None
 
     def allowed(self, ident: Identity) -> bool:
         rules = self.config().disruptive
@@ -236,7 +674,10 @@ class Authorizer:
                 if gid in ident.unix.groups:
                     return True
             return False
-        return any(n in rules.identities for n in ident.names)
+        if ident.cert is None:
+            return False
+        self.refresh()
+        return any(identity_matches(kind, name, ident.cert) for kind, name in self._rules)
 
     async def check(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Abort the call unless its caller may run `method` (a disruptive one)."""

@@ -318,6 +318,7 @@ def test_unit_hardening(tmp_path: Path) -> None:
                        "NoNewPrivileges": "yes"}.items():
         assert settings.get(key) == value, key
     assert "WatchdogSec" in settings
+    assert int(settings["LimitNOFILE"]) >= 4096  # the Unix socket relay's connections (3 descriptors each)
     assert set(settings["CapabilityBoundingSet"].split()) == {"CAP_SYSLOG", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}
     for cap in ("CAP_SYSLOG", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_NET_ADMIN"):
         assert re.search(rf"^# .*{cap}", text, re.M), f"no comment justifying {cap}"
