@@ -57,7 +57,25 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_cert(d, "allowed", "ops", client + f"subjectAltName = DNS:{ALLOWED}\n", ca="ca")
     make_cert(d, "denied", "intruder", client + "subjectAltName = DNS:intruder.example\n", ca="ca")
     make_cert(d, "stranger", "stranger", client + f"subjectAltName = DNS:{ALLOWED}\n", ca="other_ca")
+    for name, (cn, san) in TYPED_CERTS.items():
+        make_cert(d, name, cn, client + (f"subjectAltName = {san}\n" if san else ""), ca="ca")
     return d
+
+
+SPIFFE = "spiffe://example.org/ns/ops/sa/scheduler"
+# name: (CN, subjectAltName or None for a certificate without SANs)
+TYPED_CERTS = {
+    "email_san": ("mail", f"email:{ALLOWED}"),  # an email SAN spelling the allowed host name
+    "uri_san": ("uri", f"URI:{ALLOWED}"),  # a URI SAN spelling it
+    "cn_with_sans": (ALLOWED, "DNS:other.example"),  # the CN spells it, but the certificate has SANs
+    "cn_only": (ALLOWED, None),  # the CN of a certificate without SANs
+    "upper_dns": ("upper", "DNS:Scheduler.EXAMPLE"),  # DNS names compare case-insensitively
+    "spiffe": ("workload", f"URI:{SPIFFE}"),
+    "email": ("mail", "email:ops@example.com"),
+    "ip": ("ip", "IP:10.1.2.3, DNS:unlisted.example"),
+    "https_uri": ("agent", "URI:https://ops.example/agent"),
+    "robot": ("robot", "email:robot@example.com"),  # allowed only by a plain entry: no longer matches
+}
 
 
 def free_port() -> int:
@@ -148,8 +166,8 @@ def test_mutual_tls_admits_only_verified_clients_and_only_allowed_ones_disrupt(m
     with d.channel() as ch:  # root on the Unix socket is allowed
         assert code_of(acknowledge(ch)) == grpc.StatusCode.NOT_FOUND
 
-    # The allowlist reloads on SIGHUP; a certificate's CN counts as a name too.
-    d.write_config({"authz": {"disruptive": {"identities": ["intruder"]}}})
+    # The allowlist reloads on SIGHUP.
+    d.write_config({"authz": {"disruptive": {"identities": ["dns:intruder.example"]}}})
     d.signal(signal.SIGHUP)
     deadline = time.monotonic() + 10
     while "config reloaded" not in d.log():
@@ -159,6 +177,57 @@ def test_mutual_tls_admits_only_verified_clients_and_only_allowed_ones_disrupt(m
         assert code_of(acknowledge(ch)) == grpc.StatusCode.NOT_FOUND
     with tls_channel(pki, port, "allowed") as ch:
         assert code_of(acknowledge(ch)) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_certificate_names_match_only_their_own_type(make_daemon: Any, pki: Path) -> None:
+    """RFC 6125: a plain name is a DNS SAN (or the CN of a certificate without SANs); other types are written."""
+    port = free_port()
+    identities = [ALLOWED, SPIFFE, "email:ops@example.com", "ip:10.1.2.3", "uri:https://ops.example/agent",
+                  "robot@example.com"]
+    d = make_daemon({"listen": {"tcp": f"127.0.0.1:{port}", "tls": {
+        "cert": str(pki / "server.pem"), "key": str(pki / "server.key"), "client_ca": str(pki / "ca.pem")}},
+        "authz": {"disruptive": {"identities": identities}}, "checks": {"kernel": {"enabled": False}}})
+    d.start()
+    expect = {"allowed": "NOT_FOUND", "cn_only": "NOT_FOUND", "upper_dns": "NOT_FOUND", "spiffe": "NOT_FOUND",
+              "email": "NOT_FOUND", "ip": "NOT_FOUND", "https_uri": "NOT_FOUND",
+              "email_san": "PERMISSION_DENIED", "uri_san": "PERMISSION_DENIED", "cn_with_sans": "PERMISSION_DENIED",
+              "robot": "PERMISSION_DENIED", "denied": "PERMISSION_DENIED"}
+    got = {}
+    for cert in expect:
+        with tls_channel(pki, port, cert) as ch:
+            got[cert] = code_of(acknowledge(ch)).name  # NOT_FOUND: past authorization, no such condition
+    assert got == expect
+    # Which plain names changed meaning is said at start; the email-like one with the entry to write.
+    log = d.log()
+    assert "'robot@example.com' now matches only a DNS SAN, or the CN of a certificate without SANs; write " \
+        "'email:robot@example.com'" in log, log
+    assert f"'{ALLOWED}' now matches only a DNS SAN" in log, log
+    assert "Acknowledge refused: certificate other.example, CN=scheduler.example is not allowed" in log, log
+
+    # `uri:` written out works the same as a bare spiffe:// entry; `dns:` matches a DNS SAN next to a CN.
+    d.write_config({"authz": {"disruptive": {"identities": [f"uri:{SPIFFE}", "DNS:other.example"]}}})
+    d.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "config reloaded" not in d.log():
+        assert time.monotonic() < deadline, d.log()
+        time.sleep(0.05)
+    for cert, code in {"spiffe": "NOT_FOUND", "cn_with_sans": "NOT_FOUND", "allowed": "PERMISSION_DENIED",
+                       "cn_only": "PERMISSION_DENIED"}.items():
+        with tls_channel(pki, port, cert) as ch:
+            assert code_of(acknowledge(ch)).name == code, cert
+
+
+def test_unknown_identity_type_is_a_config_error(make_daemon: Any) -> None:
+    d = make_daemon({"authz": {"disruptive": {"identities": ["dns:ok.example", "ldap:ops", "ip:10.0.0.300"]}}})
+    lines = d.config_path.read_text().splitlines()
+    r = subprocess.run(d.command("--check-config"), capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert r.returncode == 1, r.stdout + r.stderr
+    ldap = lines.index("    - ldap:ops") + 1
+    bad_ip = lines.index("    - ip:10.0.0.300") + 1
+    assert f"{d.config_path}:{ldap}: authz.disruptive.identities.1: unknown identity type 'ldap:'" in r.stderr, \
+        r.stderr
+    assert f"{d.config_path}:{bad_ip}: authz.disruptive.identities.2: '10.0.0.300' is not an IP address" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 CLIENT = """
