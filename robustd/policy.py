@@ -3,6 +3,25 @@
 The policy keeps the standing conditions in memory and returns the events each input causes;
 it never touches disk or sockets (the engine commits the events, then publishes them), so it
 is tested with plain lists and a clock.
+
+Standing conditions are bounded, because a fault storm (a driver printing garbage bus ids) can
+name any number of components, and every condition is in every GetVerdict:
+
+- at most `max_conditions_per_code` conditions per code and `max_conditions` in all are a
+  component's own ("ordinary") conditions;
+- a finding that would raise one more folds into the **fold-over** condition of its code on
+  `<family>/*` (`gpu/*`: the component up to its first `/`; `*` for a component without one): same
+  code, the worst severity and action it folded, sticky if any folded one is, and the number of
+  distinct components folded in its message and in evidence (`folded`, with `examples`);
+- at most `max_foldovers` fold-overs stand at once; past that, findings fold into the single
+  catch-all condition `*` / `CONDITIONS_OVERFLOW`, which names the codes it folded.
+
+So at most max_conditions + max_foldovers + 1 conditions stand (1,065 with the defaults), and no
+finding is ever dropped: it is in its own condition, a fold-over or the catch-all. A fold-over is
+refreshed by each finding it folds and clears by its own hold-down (the longest of the codes it
+folded), or by acknowledgement or reboot like any condition; it never clears because one folded
+component recovered. Tolerate-N counts all the occurrences a fold-over folded together, and reboot
+escalation applies to ordinary conditions only (a fold-over already takes the worst it folded).
 """
 
 from __future__ import annotations
@@ -11,12 +30,30 @@ import collections
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping
 
+from robustd import bounds
 from robustd.codes import CodeTable, Meaning
 from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Severity
 
 Key = tuple[str, str]
 RECENT_KEEP = 7 * 86400.0  # how long occurrence times of a cleared condition count toward `tolerate`
 PriorBoots = Callable[[str, str, str], int]  # (component, code, current boot) -> earlier boots it was seen in
+
+CATCH_ALL: Key = ("*", "CONDITIONS_OVERFLOW")
+FOLD_EXAMPLES = 3  # components (and, for the catch-all, codes) a fold-over names
+# Distinct folded components are told apart by a 64-bit hash; this many are remembered in all
+# (about 5 MB), after which `folded` stops growing and reads as a lower bound.
+MAX_FOLD_TRACKED = 65_536
+RECENT_KEYS_PER_CONDITION = 2  # occurrence histories kept, per allowed condition (cleared ones included)
+
+
+def fold_component(component: str) -> str:
+    """The component a fold-over stands on: `gpu/0000:3b:00.0` -> `gpu/*`; `host` -> `*`."""
+    family, slash, _ = component.partition("/")
+    return f"{family}/*" if slash else "*"
+
+
+def is_fold_component(component: str) -> bool:
+    return component == "*" or component.endswith("/*")
 
 
 @dataclass
@@ -31,6 +68,19 @@ class _Track:
 
 
 @dataclass
+class _Fold:
+    """What a fold-over condition stands for, beyond the condition itself."""
+
+    limit: str  # the cap that made it fold, e.g. "policy.max_conditions_per_code=64"
+    folded: int = 0  # distinct components folded (a lower bound once MAX_FOLD_TRACKED is spent)
+    hashes: set[int] = field(default_factory=set)
+    examples: list[str] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)  # the catch-all's examples of codes
+    ncodes: int = 0
+    exact: bool = True
+
+
+@dataclass
 class Policy:
     table: CodeTable
     boot_id: str
@@ -38,16 +88,38 @@ class Policy:
     update_interval: float = 1.0
     escalate_after_reboots: int = 2
     prior_boots: PriorBoots = lambda component, code, boot: 0  # noqa: E731
+    max_conditions_per_code: int = 64  # policy.max_conditions_per_code
+    max_conditions: int = 1000  # policy.max_conditions
+    max_foldovers: int = 64  # fold-over conditions standing at once (the catch-all comes on top)
     conditions: dict[Key, Condition] = field(default_factory=dict)
     _tracks: dict[Key, _Track] = field(default_factory=dict)
-    _recent: dict[Key, collections.deque[float]] = field(default_factory=dict)
+    _recent: dict[Key, collections.deque[float]] = field(default_factory=dict)  # oldest use first
+    _folds: dict[Key, _Fold] = field(default_factory=dict)
+    _per_code: collections.Counter[str] = field(default_factory=collections.Counter)  # ordinary conditions
+    _tracked: int = 0  # hashes held by all fold-overs together
+
+    def __post_init__(self) -> None:
+        # Conditions carry the boot id bounded; comparing against the same form keeps reboots exact.
+        self.boot_id = bounds.token(self.boot_id, bounds.MAX_BOOT_ID)
 
     # -- state from the event log ------------------------------------------------------------
     def load(self, conditions: Iterable[Condition], now: float) -> None:
-        """Adopt the conditions committed before a restart; their hold-downs restart now."""
+        """Adopt the conditions committed before a restart; their hold-downs restart now.
+
+        All of them stand again even past the caps (a lowered cap folds new findings only); rows
+        written before conditions were bounded are bounded here.
+        """
         for c in conditions:
+            c = bounds.condition(c)
+            if c.key in self.conditions:
+                continue
             self.conditions[c.key] = c
             meaning = self.meaning(c.code, c.severity, c.action)
+            if is_fold_component(c.component):
+                meaning = replace(meaning, severity=c.severity, action=c.action, sticky=c.sticky, tolerate=None)
+                self._folds[c.key] = _restored_fold(c)
+            else:
+                self._per_code[c.code] += 1
             self._tracks[c.key] = _Track(meaning=meaning, seen_at=max(c.last_seen, now), last_event_at=now)
 
     def reboot(self, now: float) -> list[Event]:
@@ -63,15 +135,20 @@ class Policy:
     # -- inputs --------------------------------------------------------------------------------
     def apply(self, findings: Iterable[Finding], source: str, now: float) -> list[Event]:
         events: list[Event] = []
+        source = bounds.token(source, bounds.MAX_SOURCE)
         for f in findings:
-            ev = self._one(f, source, now)
+            ev = self._one(bounds.finding(f), source, now)
             if ev is not None:
                 events.append(ev)
         return events
 
     def acknowledge(self, component: str, code: str, reason: str, now: float) -> Event:
-        """An operator says the fault is handled; raises KeyError if there is no such condition."""
-        key = (component, code)
+        """An operator says the fault is handled; raises KeyError if there is no such condition.
+
+        A fold-over is acknowledged like any condition (`gpu/*` and its code); its components'
+        next findings raise their own conditions again while there is room.
+        """
+        key = (bounds.token(component, bounds.MAX_COMPONENT), bounds.token(code, bounds.MAX_CODE))
         if key not in self.conditions:
             raise KeyError(key)
         return self._clear(key, now, {"cleared_by": "acknowledge", "reason": reason})
@@ -103,6 +180,11 @@ class Policy:
             if key in self.conditions:
                 self.conditions[key] = self.conditions[key].with_seq(ev.seq, ev.at)
 
+    @property
+    def folded(self) -> int:
+        """Fold-over conditions standing now (the catch-all included)."""
+        return len(self._folds)
+
     # -- internals -----------------------------------------------------------------------------
     def _one(self, f: Finding, source: str, now: float) -> Event | None:
         key = (f.component, f.code)
@@ -114,8 +196,12 @@ class Policy:
         at = f.at if f.at is not None else now
         meaning = self.meaning(f.code, f.severity, f.action)
         is_state = f.kind is FindingKind.STATE
+        if existing is None:
+            target = self._fold_target(key)
+            if target is not None:
+                return self._fold(target, f, meaning, source, at, now)
         if existing is None or not is_state:
-            self._recent.setdefault(key, collections.deque(maxlen=64)).append(now)
+            self._note(key, now)
         if existing is None:
             action = meaning.action
             evidence = dict(f.evidence)
@@ -125,35 +211,119 @@ class Policy:
                 if earlier >= n:
                     action = Action.HW_INSPECT
                     evidence["escalated"] = f"seen in {earlier} earlier boots (limit {n}); was {meaning.action.name}"
-            track = _Track(meaning=meaning, seen_at=now, last_event_at=now, state=is_state)
-            self._tracks[key] = track
-            cond = Condition(component=f.component, code=f.code, severity=meaning.severity, action=action,
-                             message=f.message, evidence=evidence, first_seen=at, last_seen=at, count=1,
-                             sticky=meaning.sticky, source=source, boot_id=self.boot_id)
-            cond = replace(cond, severity=self._severity(key, track, cond, now))
-            self.conditions[key] = cond
-            return Event(EventKind.RAISED, cond, now)
+            self._per_code[f.code] += 1
+            return self._raise(key, meaning, action, f.message, evidence, source, at, now, is_state)
+        return self._repeat(key, existing, meaning, f.message, f.evidence, at, now, is_state, count=not is_state)
 
+    def _raise(self, key: Key, meaning: Meaning, action: Action, message: str, evidence: Mapping[str, str],
+               source: str, at: float, now: float, is_state: bool) -> Event:
+        track = _Track(meaning=meaning, seen_at=now, last_event_at=now, state=is_state)
+        self._tracks[key] = track
+        cond = bounds.condition(Condition(
+            component=key[0], code=key[1], severity=meaning.severity, action=action, message=message,
+            evidence=evidence, first_seen=at, last_seen=at, count=1, sticky=meaning.sticky, source=source,
+            boot_id=self.boot_id))
+        cond = replace(cond, severity=self._severity(key, track, cond, now))
+        self.conditions[key] = cond
+        return Event(EventKind.RAISED, cond, now)
+
+    def _repeat(self, key: Key, existing: Condition, meaning: Meaning, message: str, evidence: Mapping[str, str],
+                at: float, now: float, is_state: bool, count: bool) -> Event | None:
+        """One more sighting of a standing condition: refresh it, publish at once only what matters."""
         t = self._tracks[key]
         t.seen_at = now
         t.meaning = meaning
+        merged = bounds.evidence({**existing.evidence, **evidence})
         if is_state:
-            cond = replace(existing, last_seen=at, message=f.message or existing.message,
-                           evidence={**existing.evidence, **f.evidence})
+            cond = replace(existing, last_seen=at, message=message or existing.message, evidence=merged,
+                           count=existing.count + 1 if count else existing.count)
         else:
             cond = replace(existing, last_seen=max(at, existing.last_seen), count=existing.count + 1,
-                           message=f.message or existing.message,
-                           evidence={**existing.evidence, **f.evidence}, boot_id=self.boot_id)
-        cond = replace(cond, severity=self._severity(key, t, cond, now),
-                       action=max(existing.action, meaning.action))
+                           message=message or existing.message, evidence=merged, boot_id=self.boot_id)
+        sticky = existing.sticky or meaning.sticky if key in self._folds else existing.sticky  # a fold-over's worst
+        cond = replace(cond, severity=self._severity(key, t, cond, now), action=max(existing.action, meaning.action),
+                       sticky=sticky)
         self.conditions[key] = cond
         if (cond.severity, cond.action) != (existing.severity, existing.action):
             return self._update(key, cond, now)
-        if not is_state:
+        if cond.count != existing.count or not is_state:
             if now - t.last_event_at >= self.update_interval:
                 return self._update(key, cond, now)
             t.dirty = True
         return None
+
+    # -- folding -------------------------------------------------------------------------------
+    def _fold_target(self, key: Key) -> Key | None:
+        """None while `key` may have a condition of its own; else the fold-over that takes it."""
+        component, code = key
+        if len(self.conditions) - len(self._folds) < self.max_conditions and \
+                self._per_code[code] < self.max_conditions_per_code:
+            return None
+        fold = (fold_component(component), code)
+        if fold in self._folds or (fold not in self.conditions and
+                                   len(self._folds) - (CATCH_ALL in self._folds) < self.max_foldovers):
+            return fold
+        return CATCH_ALL
+
+    def _fold(self, key: Key, f: Finding, meaning: Meaning, source: str, at: float, now: float) -> Event | None:
+        """Count `f` into the fold-over `key`, raising it first if it is not standing."""
+        fold = self._folds.get(key)
+        if fold is None:
+            per_code = self._per_code[f.code] >= self.max_conditions_per_code and key != CATCH_ALL
+            limit = (f"policy.max_conditions_per_code={self.max_conditions_per_code}" if per_code else
+                     f"policy.max_conditions={self.max_conditions}" +
+                     (f" and {self.max_foldovers} fold-overs" if key == CATCH_ALL else ""))
+            fold = self._folds[key] = _Fold(limit=limit)
+            if key in self.conditions:  # a check named a component `*` itself: it becomes the catch-all
+                self._per_code[key[1]] -= 1
+        new_component = self._remember(fold, f.component)
+        if key == CATCH_ALL and f.code not in fold.codes:
+            fold.ncodes += 1
+            if len(fold.codes) < FOLD_EXAMPLES:
+                fold.codes.append(f.code)
+        is_state = f.kind is FindingKind.STATE
+        if not is_state or new_component:
+            self._note(key, now)
+        existing = self.conditions.get(key)
+        message, evidence = _fold_text(key, fold)
+        if existing is None:
+            return self._raise(key, meaning, meaning.action, message, evidence, source, at, now, is_state)
+        t = self._tracks[key]
+        worst = replace(meaning, severity=max(meaning.severity, t.meaning.severity),
+                        action=max(meaning.action, t.meaning.action), sticky=meaning.sticky or t.meaning.sticky,
+                        clear_after=max(meaning.clear_after, t.meaning.clear_after),
+                        tolerate=t.meaning.tolerate or meaning.tolerate)
+        t.state = t.state or is_state
+        return self._repeat(key, existing, worst, message, evidence, at, now, is_state,
+                            count=not is_state or new_component)
+
+    def _remember(self, fold: _Fold, component: str) -> bool:
+        """Whether `component` is new to `fold` (counted once however often it is folded)."""
+        h = hash(component)
+        if h in fold.hashes:
+            return False
+        if self._tracked >= MAX_FOLD_TRACKED:
+            fold.exact = False  # cannot tell new from seen any more: `folded` stays a lower bound
+            return False
+        fold.hashes.add(h)
+        self._tracked += 1
+        fold.folded += 1
+        if len(fold.examples) < FOLD_EXAMPLES:
+            fold.examples.append(component)
+        return True
+
+    # -- shared --------------------------------------------------------------------------------
+    def _note(self, key: Key, now: float) -> None:
+        """Record an occurrence for `tolerate`; histories of cleared conditions are kept boundedly."""
+        seen = self._recent.pop(key, None)
+        if seen is None:
+            seen = collections.deque(maxlen=64)
+        seen.append(now)
+        self._recent[key] = seen  # re-inserted: the dict runs from least to most recently used
+        keep = RECENT_KEYS_PER_CONDITION * (self.max_conditions + self.max_foldovers + 1)
+        if len(self._recent) > keep:
+            for old in [k for k in self._recent if k not in self.conditions][:len(self._recent) - keep * 3 // 4]:
+                del self._recent[old]
 
     def _severity(self, key: Key, t: _Track, c: Condition, now: float) -> Severity:
         tol = t.meaning.tolerate
@@ -176,4 +346,41 @@ class Policy:
     def _clear(self, key: Key, now: float, why: Mapping[str, str]) -> Event:
         cond = self.conditions.pop(key)
         self._tracks.pop(key, None)
-        return Event(EventKind.CLEARED, replace(cond, evidence={**cond.evidence, **why}), now)
+        fold = self._folds.pop(key, None)
+        if fold is not None:
+            self._tracked -= len(fold.hashes)
+        else:
+            self._per_code[key[1]] -= 1
+            if self._per_code[key[1]] <= 0:
+                del self._per_code[key[1]]
+        # Why it cleared goes first and keeps its length: the condition's older evidence makes room.
+        evidence = bounds.evidence({**why, **{k: v for k, v in cond.evidence.items() if k not in why}}, keep=why)
+        return Event(EventKind.CLEARED, replace(cond, evidence=evidence), now)
+
+
+def _fold_text(key: Key, fold: _Fold) -> tuple[str, dict[str, str]]:
+    """A fold-over's message and evidence, from what it has folded so far."""
+    component, code = key
+    n = f"{fold.folded}" if fold.exact else f"at least {fold.folded}"
+    examples = ", ".join(fold.examples) + (", ..." if fold.folded > len(fold.examples) else "")
+    if key == CATCH_ALL:
+        codes = ", ".join(fold.codes) + (", ..." if fold.ncodes > len(fold.codes) else "")
+        message = (f"{n} components over {fold.limit} folded here, with {fold.ncodes} codes ({codes}); "
+                   f"e.g. {examples}")
+        evidence = {"folded": str(fold.folded), "limit": fold.limit, "examples": examples, "codes": codes}
+    else:
+        family = "components" if component == "*" else f"{component[:-2]} components"
+        message = f"{n} more {family} with {code} than {fold.limit} allows, folded here; e.g. {examples}"
+        evidence = {"folded": str(fold.folded), "limit": fold.limit, "examples": examples}
+    if not fold.exact:
+        evidence["folded_exact"] = "false"
+    return message, evidence
+
+
+def _restored_fold(c: Condition) -> _Fold:
+    """A fold-over from the event log: its count goes on from the committed one."""
+    folded = c.evidence.get("folded", "0")
+    examples = [e for e in c.evidence.get("examples", "").split(", ") if e and e != "..."]
+    codes = [x for x in c.evidence.get("codes", "").split(", ") if x and x != "..."]
+    return _Fold(limit=c.evidence.get("limit", ""), folded=int(folded) if folded.isdigit() else 0,
+                 examples=examples[:FOLD_EXAMPLES], codes=codes[:FOLD_EXAMPLES], ncodes=len(codes))

@@ -182,3 +182,153 @@ def test_tolerated_state_escalates_after_persist_not_the_whole_window() -> None:
     assert p.tick(now=9.0) == []
     [ev] = p.tick(now=10.0)
     assert (ev.kind, ev.condition.severity) == (EventKind.UPDATED, Severity.CRITICAL)
+
+
+# -- bounded standing conditions: folding ------------------------------------------------------
+def gpus(n: int, start: int = 0) -> list[str]:
+    return [f"gpu/0000:{i // 32:02x}:{i % 32:02x}.0" for i in range(start, start + n)]
+
+
+def test_a_code_past_its_cap_folds_into_one_family_condition_that_counts_what_it_folded() -> None:
+    p = policy(max_conditions_per_code=4)
+    evs = p.apply([f("XID_13", g) for g in gpus(10)], "kernel", now=0.0)
+    own = [c for c in p.conditions.values() if c.component != "gpu/*"]
+    assert len(own) == 4 and {c.code for c in own} == {"XID_13"}
+    fold = p.conditions[("gpu/*", "XID_13")]
+    assert fold.evidence["folded"] == "6"
+    assert "6 more gpu components with XID_13" in fold.message and "max_conditions_per_code=4" in fold.message
+    assert fold.evidence["examples"].startswith(gpus(1, 4)[0])
+    assert (fold.severity, fold.action) == (Severity.WARNING, Action.RESTART_JOB)
+    assert [e.kind for e in evs] == [EventKind.RAISED] * 5  # four own conditions and the fold-over
+    # The same components again are not counted twice; every folded occurrence still counts.
+    p.apply([f("XID_13", g) for g in gpus(6, 4)], "kernel", now=0.5)
+    fold = p.conditions[("gpu/*", "XID_13")]
+    assert fold.evidence["folded"] == "6" and fold.count == 12
+    [ev] = p.tick(now=1.0)  # repeats are coalesced into one UPDATED per interval, like any condition
+    assert ev.kind is EventKind.UPDATED and ev.condition.component == "gpu/*"
+    # Other codes are unaffected by XID_13's cap.
+    [ev] = p.apply([f("XID_48", gpus(1, 9)[0])], "kernel", now=2.0)
+    assert ev.kind is EventKind.RAISED and ev.condition.component == gpus(1, 9)[0]
+
+
+def test_a_fold_over_takes_the_worst_severity_action_and_stickiness_it_folded() -> None:
+    p = policy(max_conditions_per_code=1)
+    sw = [f"nvswitch/0000:0{i}:00.0" for i in range(4)]
+    p.apply([f("SXID_20009", sw[0], severity=Severity.WARNING)], "kernel", now=0.0)
+    [ev] = p.apply([f("SXID_20009", sw[1], severity=Severity.WARNING)], "kernel", now=0.0)
+    assert (ev.kind, ev.condition.component, ev.condition.severity) == (EventKind.RAISED, "nvswitch/*",
+                                                                         Severity.WARNING)
+    [ev] = p.apply([f("SXID_20009", sw[2], severity=Severity.CRITICAL)], "kernel", now=0.1)
+    assert ev.kind is EventKind.UPDATED  # a worse one is published at once, not coalesced
+    assert (ev.condition.severity, ev.condition.action) == (Severity.CRITICAL, Action.HW_INSPECT)
+    p.apply([f("SXID_20009", sw[3], severity=Severity.WARNING)], "kernel", now=0.2)
+    assert p.conditions[("nvswitch/*", "SXID_20009")].severity is Severity.CRITICAL  # never better while standing
+    p.apply([f("XID_79", g) for g in gpus(3)], "kernel", now=0.0)
+    fold = p.conditions[("gpu/*", "XID_79")]
+    assert fold.sticky and (fold.severity, fold.action) == (Severity.CRITICAL, Action.REBOOT)
+    assert p.tick(now=10 * 86400.0) and ("gpu/*", "XID_79") in p.conditions  # sticky: only ack or reboot
+
+
+def test_the_global_cap_folds_new_codes_and_past_the_fold_overs_one_catch_all_takes_the_rest() -> None:
+    p = policy(max_conditions=5, max_foldovers=2)
+    findings = [f(f"XID_{1000 + i}", g) for i, g in enumerate(gpus(40))]
+    p.apply(findings, "kernel", now=0.0)
+    assert len(p.conditions) == 5 + 2 + 1  # max_conditions + max_foldovers + the catch-all, exactly
+    folds = {k: c for k, c in p.conditions.items() if k[0] in ("gpu/*", "*")}
+    assert set(folds) == {("gpu/*", "XID_1005"), ("gpu/*", "XID_1006"), ("*", "CONDITIONS_OVERFLOW")}
+    assert folds[("gpu/*", "XID_1005")].evidence["limit"] == "policy.max_conditions=5"
+    catch_all = folds[("*", "CONDITIONS_OVERFLOW")]
+    assert catch_all.evidence["folded"] == "33" and "33 components" in catch_all.message
+    assert catch_all.evidence["codes"] == "XID_1007, XID_1008, XID_1009, ..."
+    # Nothing dropped: own conditions plus everything folded is every component seen.
+    assert 5 + sum(int(c.evidence["folded"]) for c in folds.values()) == 40
+    # A repeat of a folded fault lands in the same fold-over.
+    p.apply([f("XID_1005", gpus(1, 39)[0])], "kernel", now=1.0)
+    assert p.conditions[("gpu/*", "XID_1005")].evidence["folded"] == "2"
+
+
+def test_a_fold_over_clears_by_its_own_hold_down_refreshed_by_each_folded_finding() -> None:
+    p = policy(max_conditions_per_code=2)  # XID_13: WARNING, not sticky; hold-down 60 s
+    p.apply([f("XID_13", g) for g in gpus(5)], "kernel", now=0.0)
+    p.apply([f("XID_13", gpus(1, 4)[0])], "kernel", now=50.0)  # a folded component again
+    cleared = p.tick(now=60.0)
+    assert sorted(e.condition.component for e in cleared) == gpus(2)  # the own ones, not the fold-over
+    assert all(e.condition.evidence["cleared_by"] == "hold-down" for e in cleared)
+    assert p.tick(now=100.0) == []
+    [ev] = p.tick(now=110.0)
+    assert (ev.kind, ev.condition.component, ev.condition.evidence["cleared_by"]) == \
+        (EventKind.CLEARED, "gpu/*", "hold-down")
+    assert p.conditions == {}
+    # With room again, a component that was folded raises its own condition.
+    [ev] = p.apply([f("XID_13", gpus(1, 4)[0])], "kernel", now=120.0)
+    assert ev.kind is EventKind.RAISED and ev.condition.component == gpus(1, 4)[0]
+
+
+def test_a_recovered_component_does_not_clear_the_fold_over_it_is_in() -> None:
+    p = policy(max_conditions_per_code=1)
+    p.apply([f("LINK_DOWN", f"nic/eth{i}") for i in range(3)], "kernel", now=0.0)
+    assert p.apply([f("LINK_DOWN", "nic/eth2", kind=FindingKind.RESOLVED)], "kernel", now=1.0) == []
+    assert ("nic/*", "LINK_DOWN") in p.conditions
+
+
+def test_acknowledging_a_fold_over_clears_it_and_frees_its_place() -> None:
+    p = policy(max_conditions_per_code=1)
+    p.apply([f("XID_79", g) for g in gpus(4)], "kernel", now=0.0)
+    ev = p.acknowledge("gpu/*", "XID_79", "replaced the baseboard", now=5.0)
+    assert ev.kind is EventKind.CLEARED and ev.condition.evidence["reason"] == "replaced the baseboard"
+    assert ev.condition.evidence["folded"] == "3"
+    assert list(p.conditions) == [(gpus(1)[0], "XID_79")]
+    [ev] = p.apply([f("XID_79", gpus(1, 3)[0])], "kernel", now=6.0)  # folds into a new fold-over, counted afresh
+    assert (ev.kind, ev.condition.component, ev.condition.evidence["folded"]) == (EventKind.RAISED, "gpu/*", "1")
+
+
+def test_tolerate_and_reboot_escalation_keep_working_beside_folding() -> None:
+    p = policy(max_conditions_per_code=1, escalate_after_reboots=2, prior_boots=lambda c, code, b: 2)
+    nic = "nic/ens1"
+    p.apply([f("LINK_DOWN", nic)], "kernel", now=0.0)
+    p.apply([f("LINK_DOWN", f"nic/other{i}") for i in range(5)], "kernel", now=1.0)  # folded
+    p.apply([f("LINK_DOWN", nic)], "kernel", now=2.0)
+    assert p.conditions[(nic, "LINK_DOWN")].severity is Severity.WARNING  # 2 of 3: still tolerated
+    p.apply([f("LINK_DOWN", nic)], "kernel", now=3.0)
+    assert p.conditions[(nic, "LINK_DOWN")].severity is Severity.CRITICAL
+    [ev] = p.apply([f("XID_48")], "kernel", now=4.0)
+    assert ev.condition.action is Action.HW_INSPECT and "escalated" in ev.condition.evidence
+
+
+def test_folds_survive_a_restart_and_keep_counting() -> None:
+    p = policy(max_conditions_per_code=2)
+    p.apply([f("XID_79", g) for g in gpus(5)], "kernel", now=0.0)
+    p2 = policy(max_conditions_per_code=2)
+    p2.load(p.conditions.values(), now=10.0)
+    [ev] = p2.apply([f("XID_79", gpus(1, 7)[0])], "kernel", now=11.0)
+    assert ev.kind is EventKind.UPDATED and ev.condition.component == "gpu/*"
+    assert ev.condition.evidence["folded"] == "4"
+    assert len(p2.conditions) == 3
+
+
+def test_huge_kernel_text_is_bounded_where_the_condition_is_made() -> None:
+    from robustd import bounds
+
+    p = policy()
+    evidence = {f"key{i}": "v" * 100_000 for i in range(1000)}
+    [ev] = p.apply([Finding(component="gpu/" + "\x00é" * 100_000, code="xid 13\n" * 1000, message="m" * 1_000_000,
+                            evidence=evidence)], "kernel" * 100, now=0.0)
+    c = ev.condition
+    assert len(c.message.encode()) <= bounds.MAX_MESSAGE and c.message.endswith("bytes]")
+    assert "[truncated" in c.message
+    assert len(c.component) <= bounds.MAX_COMPONENT and c.component.isascii() and c.component.isprintable()
+    assert len(c.code) <= bounds.MAX_CODE and " " not in c.code and len(c.source) <= bounds.MAX_SOURCE
+    assert len(c.evidence) <= bounds.MAX_EVIDENCE_ENTRIES
+    assert sum(len(k) + len(v.encode()) for k, v in c.evidence.items()) <= bounds.MAX_EVIDENCE_BYTES
+    assert c.evidence[bounds.TRUNCATED_ENTRIES] == str(1000 - 15)
+    # The same huge finding again finds the same (bounded) condition.
+    p.apply([Finding(component="gpu/" + "\x00é" * 100_000, code="xid 13\n" * 1000)], "kernel", now=0.5)
+    assert len(p.conditions) == 1 and p.conditions[c.key].count == 2
+
+
+def test_an_acknowledgement_reason_is_kept_whole_beside_long_kernel_evidence() -> None:
+    p = policy()
+    p.apply([f("XID_79", evidence={"line": "L" * 2000, "detail": "D" * 2000})], "kernel", now=0.0)
+    ev = p.acknowledge(GPU, "XID_79", "é" * 256, now=1.0)
+    assert ev.condition.evidence["reason"] == "é" * 256 and ev.condition.evidence["cleared_by"] == "acknowledge"
+    assert "[truncated" in ev.condition.evidence["line"]
