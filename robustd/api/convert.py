@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from robustd import bounds
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.model import Condition, Event
 from robustd.runner import CheckState
+
+MAX_LABEL = 256  # a check's emulation label, the event log's error: one line each
+_VERDICT_CONDITIONS_TAG = bytes([(4 << 3) | 2])  # Verdict.conditions: field 4, length-delimited
 
 
 def ts(seconds: float | None) -> Timestamp | None:
@@ -34,7 +40,113 @@ def condition(c: Condition) -> pb.Condition:
 
 
 def event(e: Event, snapshot: bool = False) -> pb.Event:
-    return pb.Event(seq=e.seq, at=ts(e.at), kind=int(e.kind), condition=condition(e.condition), snapshot=snapshot)
+    """An event as sent; its condition bounded again, so rows written before bounds existed still go out."""
+    return pb.Event(seq=e.seq, at=ts(e.at), kind=int(e.kind), condition=condition(bounds.condition(e.condition)),
+                    snapshot=snapshot)
+
+
+def event_within(e: Event, limit: int, snapshot: bool = False) -> pb.Event:
+    """`event(e)`, without evidence and with a short message if even a bounded one exceeds `limit`.
+
+    Only a `listen.max_message_bytes` far below the default (its minimum is 1 KiB) makes that happen;
+    a stream that cannot send an event would end at it on every resume.
+    """
+    msg = event(e, snapshot)
+    if msg.ByteSize() > limit:
+        _abridge(msg.condition, message=True)
+    return msg
+
+
+def field_size(n: int) -> int:
+    """Bytes a length-delimited field of `n` bytes takes in its parent (tag, length, body)."""
+    return 1 + _varint_size(n) + n
+
+
+def fit_conditions(conds: list[Condition], budget: int) -> tuple[list[pb.Condition], int, int]:
+    """The conditions as sent in at most `budget` bytes: (messages, how many trimmed, how many left out).
+
+    Never needed with the default caps and message limit (bounds.py). Past them, the least severe
+    conditions (then the least drastic action, then the oldest change) lose their evidence first, then
+    their message, and only then are they left out; the worst ones always go out whole.
+    """
+    msgs = [condition(c) for c in conds]
+    sizes = [field_size(m.ByteSize()) for m in msgs]
+    total = sum(sizes)
+    if total <= budget:
+        return msgs, 0, 0
+    order = sorted(range(len(conds)), key=lambda i: (conds[i].severity, conds[i].action, conds[i].seq))
+    trimmed: set[int] = set()
+    for with_message in (False, True):
+        for i in order:
+            if total <= budget:
+                break
+            _abridge(msgs[i], message=with_message)
+            trimmed.add(i)
+            size = field_size(msgs[i].ByteSize())
+            total += size - sizes[i]
+            sizes[i] = size
+    omitted: set[int] = set()
+    for i in order:
+        if total <= budget:
+            break
+        omitted.add(i)
+        total -= sizes[i]
+    return [m for i, m in enumerate(msgs) if i not in omitted], len(trimmed - omitted), len(omitted)
+
+
+class SerialisedConditions:
+    """Each standing condition serialised once, for GetVerdict at hundreds of calls a second.
+
+    A Condition never changes (the policy replaces the object on every change), so its bytes stay
+    right for as long as the same object stands; only conditions standing at the last call are kept.
+    Runs on the event loop only.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], tuple[Condition, bytes]] = {}
+
+    def fields(self, conds: Sequence[Condition]) -> list[bytes]:
+        """Each condition as an encoded `Verdict.conditions` field (tag, length, body)."""
+        cache = self._cache
+        fresh: dict[tuple[str, str], tuple[Condition, bytes]] = {}
+        out: list[bytes] = []
+        for c in conds:
+            hit = cache.get(c.key)
+            if hit is None or hit[0] is not c:
+                body = condition(c).SerializeToString()
+                hit = (c, _VERDICT_CONDITIONS_TAG + _varint(len(body)) + body)
+            fresh[c.key] = hit
+            out.append(hit[1])
+        self._cache = fresh
+        return out
+
+
+def label(text: str) -> str:
+    return bounds.text(text, MAX_LABEL)
+
+
+def _abridge(c: pb.Condition, message: bool) -> None:
+    c.ClearField("evidence")
+    c.evidence["abridged"] = "evidence left out to fit listen.max_message_bytes"
+    if message:
+        c.message = bounds.text(c.message, 64)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_size(n: int) -> int:
+    size = 1
+    while n >= 0x80:
+        n >>= 7
+        size += 1
+    return size
 
 
 _STATUS = {
@@ -51,4 +163,5 @@ def check_info(st: CheckState) -> pb.CheckInfo:
         name=st.name, enabled=cfg.enabled, mode=st.check.mode,
         interval=None if watch else dur(cfg.interval), timeout=None if watch else dur(cfg.deadline),
         last_run=ts(st.last_run), last_duration=dur(st.last_duration),
-        status=_STATUS[st.status], last_error=st.last_error, runs=st.runs, failures=st.failures)
+        status=_STATUS[st.status], last_error=bounds.text(st.last_error, bounds.MAX_MESSAGE), runs=st.runs,
+        failures=st.failures)

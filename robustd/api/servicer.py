@@ -1,4 +1,9 @@
-"""NodeHealth: reads the engine's state and the event log; it never computes health itself."""
+"""NodeHealth: reads the engine's state and the event log; it never computes health itself.
+
+Every answer fits in one message (`requests.send_limit()`, listen.max_message_bytes): events are
+bounded when their conditions are made (bounds.py), ListEvents stops before the limit and says where
+to go on, and GetVerdict abridges its least severe conditions if the caps were raised past what fits.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +12,17 @@ from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import grpc
 
-from robustd.api import convert
+from robustd import bounds
+from robustd.api import convert, requests
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.engine import Engine
-from robustd.model import Event, Severity, worst
+from robustd.model import Event, EventKind, Severity, worst
 from robustd.runner import CheckState
 from robustd.store import iter_batches
 
 MAX_LIMIT = 10_000
+HEADROOM = 64  # bytes of a response beside what is measured (scalars set after the measuring)
 
 
 class NodeHealthServicer(pb_grpc.NodeHealthServicer):
@@ -24,20 +31,28 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         self.node = node
         self.boot_id = boot_id
         self.checks = checks
+        self._serialised = convert.SerialisedConditions()
 
     async def GetVerdict(self, request: pb.GetVerdictRequest, context: grpc.aio.ServicerContext) -> pb.Verdict:
         conds, head = self.engine.snapshot()
         severity, action = worst(conds)
-        return pb.Verdict(node=self.node, severity=int(severity), action=int(action),
-                          conditions=[convert.condition(c) for c in conds], seq=head, at=convert.ts(time.time()),
-                          boot_id=self.boot_id, emulated=self._emulated(),
-                          event_log_error=self.engine.store_error, events_held=len(self.engine.backlog))
+        v = pb.Verdict(node=self.node, severity=int(severity), action=int(action), seq=head, at=convert.ts(time.time()),
+                       boot_id=self.boot_id, emulated=self._emulated(),
+                       event_log_error=convert.label(self.engine.store_error), events_held=len(self.engine.backlog))
+        budget = requests.send_limit() - v.ByteSize() - HEADROOM
+        fields = self._serialised.fields(conds)
+        if sum(map(len, fields)) <= budget:  # always, with the default caps and message limit
+            v.MergeFromString(b"".join(fields))
+        else:
+            msgs, v.conditions_trimmed, v.conditions_omitted = convert.fit_conditions(conds, budget)
+            v.conditions.extend(msgs)
+        return v
 
     def _emulated(self) -> list[str]:
         labels = []
         for st in self.checks():
             if st.status not in ("DISABLED", "UNSUPPORTED") and (label := st.check.emulated()):
-                labels.append(f"{st.name}: {label}")
+                labels.append(convert.label(f"{st.name}: {label}"))
         return labels
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Event]:
@@ -46,12 +61,15 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         try:
             # Headers go out at once, so a client knows its stream is registered before any event.
             await context.send_initial_metadata((("robustd-head-seq", str(store.head_seq())),))
-            last = request.from_seq
+            try:
+                last = requests.seq(request.from_seq, "from_seq")
+            except requests.Invalid as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            limit = requests.send_limit()
             if last == 0:
                 conds, head = self.engine.snapshot()
                 for c in conds:
-                    yield pb.Event(seq=c.seq, at=convert.ts(c.changed_at), kind=pb.EVENT_KIND_RAISED,
-                                   condition=convert.condition(c), snapshot=True)
+                    yield convert.event_within(Event(EventKind.RAISED, c, c.changed_at, c.seq), limit, snapshot=True)
                 last = head
             else:
                 head, pruned = store.head_seq(), store.pruned_through()
@@ -64,7 +82,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                                         f"events after seq {last} up to {pruned} are past retention; "
                                         "re-snapshot with from_seq=0 (or GetVerdict, then watch from its seq)")
             for ev in self._log_after(last):
-                yield convert.event(ev)
+                yield convert.event_within(ev, limit)
                 last = ev.seq
             while True:
                 if sub.lagged:  # fell behind the live queue: drop it and re-read the log
@@ -72,7 +90,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                         sub.queue.get_nowait()
                     sub.lagged = False
                     for ev in self._log_after(last):
-                        yield convert.event(ev)
+                        yield convert.event_within(ev, limit)
                         last = ev.seq
                     continue
                 if sub.queue.empty():
@@ -81,7 +99,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     continue
                 ev = sub.queue.get_nowait()
                 if ev.seq > last:
-                    yield convert.event(ev)
+                    yield convert.event_within(ev, limit)
                     last = ev.seq
         finally:
             self.engine.hub.unsubscribe(sub)
@@ -96,12 +114,32 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be between 0 and {MAX_LIMIT}")
         if request.min_severity and request.min_severity not in (s.value for s in Severity):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown min_severity {request.min_severity}")
-        since = request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None
+        try:
+            since = requests.timestamp(request.since, "since") if request.HasField("since") else None
+            after_seq = requests.seq(request.after_seq, "after_seq")
+            if len(request.component) > bounds.MAX_COMPONENT:
+                raise requests.Invalid(f"component is {len(request.component)} characters; components have at "
+                                       f"most {bounds.MAX_COMPONENT}")
+        except requests.Invalid as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         store = self.engine.store
         events = store.query(since=since, component=request.component, min_severity=request.min_severity,
-                             limit=request.limit or 100, after_seq=request.after_seq)
-        return pb.ListEventsResponse(events=[convert.event(e) for e in events], oldest_seq=store.oldest_seq(),
-                                     head_seq=store.head_seq())
+                             limit=request.limit or 100, after_seq=after_seq)
+        resp = pb.ListEventsResponse(oldest_seq=store.oldest_seq(), head_seq=store.head_seq())
+        budget = requests.send_limit() - resp.ByteSize() - HEADROOM
+        out: list[pb.Event] = []
+        used = 0
+        for e in events:
+            msg = convert.event_within(e, budget)
+            size = convert.field_size(msg.ByteSize())
+            if out and used + size > budget:  # the rest on the next page (one event always goes: paging moves)
+                resp.truncated = True
+                resp.next_after_seq = out[-1].seq
+                break
+            out.append(msg)
+            used += size
+        resp.events.extend(out)
+        return resp
 
     async def ListChecks(self, request: pb.ListChecksRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListChecksResponse:
@@ -109,11 +147,15 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
 
     async def Acknowledge(self, request: pb.AcknowledgeRequest,
                           context: grpc.aio.ServicerContext) -> pb.AcknowledgeResponse:
-        if not request.component or not request.code:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "component and code are both required")
+        try:
+            requests.ascii_token(request.component, "component", bounds.MAX_COMPONENT)
+            requests.ascii_token(request.code, "code", bounds.MAX_CODE)
+            requests.text(request.reason, "reason", bounds.MAX_REASON)
+        except requests.Invalid as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
             ev = self.engine.acknowledge(request.component, request.code, request.reason or "acknowledged")
         except KeyError:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no standing condition {request.code} on {request.component}")
-        return pb.AcknowledgeResponse(event=convert.event(ev))
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no standing condition {bounds.echo(request.code)} "
+                                f"on {bounds.echo(request.component)}")
+        return pb.AcknowledgeResponse(event=convert.event_within(ev, requests.send_limit()))

@@ -151,7 +151,7 @@ class GetVerdictRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id", "emulated", "event_log_error", "events_held")
+    __slots__ = ("node", "severity", "action", "conditions", "seq", "at", "boot_id", "emulated", "event_log_error", "events_held", "conditions_trimmed", "conditions_omitted")
     NODE_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,8 @@ class Verdict(_message.Message):
     EMULATED_FIELD_NUMBER: _ClassVar[int]
     EVENT_LOG_ERROR_FIELD_NUMBER: _ClassVar[int]
     EVENTS_HELD_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_TRIMMED_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_OMITTED_FIELD_NUMBER: _ClassVar[int]
     node: str
     severity: Severity
     action: Action
@@ -172,7 +174,9 @@ class Verdict(_message.Message):
     emulated: _containers.RepeatedScalarFieldContainer[str]
     event_log_error: str
     events_held: int
-    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ..., emulated: _Optional[_Iterable[str]] = ..., event_log_error: _Optional[str] = ..., events_held: _Optional[int] = ...) -> None: ...
+    conditions_trimmed: int
+    conditions_omitted: int
+    def __init__(self, node: _Optional[str] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., seq: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., boot_id: _Optional[str] = ..., emulated: _Optional[_Iterable[str]] = ..., event_log_error: _Optional[str] = ..., events_held: _Optional[int] = ..., conditions_trimmed: _Optional[int] = ..., conditions_omitted: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_seq",)
@@ -195,14 +199,18 @@ class ListEventsRequest(_message.Message):
     def __init__(self, since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., component: _Optional[str] = ..., min_severity: _Optional[_Union[Severity, str]] = ..., limit: _Optional[int] = ..., after_seq: _Optional[int] = ...) -> None: ...
 
 class ListEventsResponse(_message.Message):
-    __slots__ = ("events", "oldest_seq", "head_seq")
+    __slots__ = ("events", "oldest_seq", "head_seq", "truncated", "next_after_seq")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     OLDEST_SEQ_FIELD_NUMBER: _ClassVar[int]
     HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Event]
     oldest_seq: int
     head_seq: int
-    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., oldest_seq: _Optional[int] = ..., head_seq: _Optional[int] = ...) -> None: ...
+    truncated: bool
+    next_after_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., oldest_seq: _Optional[int] = ..., head_seq: _Optional[int] = ..., truncated: _Optional[bool] = ..., next_after_seq: _Optional[int] = ...) -> None: ...
 
 class ListChecksRequest(_message.Message):
     __slots__ = ()
