@@ -180,11 +180,6 @@ class Policy:
             if key in self.conditions:
                 self.conditions[key] = self.conditions[key].with_seq(ev.seq, ev.at)
 
-    @property
-    def folded(self) -> int:
-        """Fold-over conditions standing now (the catch-all included)."""
-        return len(self._folds)
-
     # -- internals -----------------------------------------------------------------------------
     def _one(self, f: Finding, source: str, now: float) -> Event | None:
         key = (f.component, f.code)
