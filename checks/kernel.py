@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from checks.kernel_rules import SHIPPED_RULES, RuleError, RuleSet, load_rules
+from checks.kernel_rules import SHIPPED_RULES, RuleError, RuleSet, clip_line, load_rules
 from checks.kmsg import KmsgReader, KmsgRecord
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule
@@ -161,7 +161,7 @@ class KernelCheck(Check):
         for rec in records:
             wanted = report is None or report(rec)
             for line in rec.lines():
-                self._ring.append(line)
+                self._ring.append(clip_line(line))  # what every rule matches, and what evidence keeps
                 if not wanted:
                     continue
                 at = wall - max(0.0, mono - rec.ts_usec / 1e6)

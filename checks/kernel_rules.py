@@ -3,6 +3,13 @@
 A rule says *what* a line is (a code on a component); the `codes:` table in the same file says
 what that code means (severity, action, ...), and the policy applies it. Matching keeps no state:
 the caller hands in the last few lines and gets findings for the newest one.
+
+Kernel lines come from outside, so matching is bounded and ASCII-only: every pattern,
+shipped or an operator's, is compiled with `re.ASCII` (`\\d` is `[0-9]`, never Arabic-Indic
+digits), only the first `MAX_LINE_CHARS` of a line are matched, a code a rule produces must be an
+ASCII UPPER_SNAKE token or the rule does not claim the line, and a component is escaped to a
+printable-ASCII token (`robustd.bounds.token`) so no control character from a device name reaches
+a condition. The raw (clipped) line stays in evidence.
 """
 
 from __future__ import annotations
@@ -17,15 +24,24 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from robustd.bounds import MAX_CODE, MAX_COMPONENT, token
 from robustd.codes import ActionName, CodeRule, SeverityName
 from robustd.config import ConfigError
 from robustd.model import Action, Finding, FindingKind, Severity
 
 SHIPPED_RULES = str(Path(__file__).parent / "rules" / "kernel.yaml")
 
-_CODE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_CODE_KEY = re.compile(r"^[A-Z][A-Z0-9_]*\*?$")
+# The kernel keeps at most 1,024 bytes of text per record (PRINTKRB_RECORD_MAX since 6.1, 992 before;
+# a longer write to /dev/kmsg fails EINVAL, checked on 6.18), so no real printk line is longer and
+# clipping there changes no real match. Longer lines come only from joined continuation fragments
+# or forged input; their head is matched and their tail is replaced by a marker, so a rule anchored
+# at the line's end cannot match a cut line by accident. This is what bounds the cost of a match.
+MAX_LINE_CHARS = 1024
+
+_CODE = re.compile(r"[A-Z][A-Z0-9_]*", re.ASCII)
+_CODE_KEY = re.compile(r"[A-Z][A-Z0-9_]*\*?", re.ASCII)
 _FLAGS = re.compile(r"\(\?[aiLmsux]+\)")
+_UNICODE_FLAG = re.compile(r"(?<!\\)\(\?[aiLmsux]*[uL][aiLmsux]*(?:-[imsx]+)?[:)]")
 _UNION_TAGS = {"str", "Example"}  # pydantic puts union members into error locations
 _BDF = re.compile(r"(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7]))?")
 
@@ -91,6 +107,14 @@ def normalize_bdf(text: str) -> str:
     return f"{domain:04x}:{m.group(2)}:{m.group(3)}.{m.group(4) or '0'}"
 
 
+def clip_line(line: str) -> str:
+    """`line` if it is at most `MAX_LINE_CHARS` long, else its head and a marker, that long in all."""
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    keep = MAX_LINE_CHARS - len(f"...[{len(line)} more chars]")  # the count never has more digits
+    return f"{line[:keep]}...[{len(line) - keep} more chars]"
+
+
 def _fields(template: str) -> set[str]:
     return {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
 
@@ -110,10 +134,16 @@ class CompiledRule:
     where: str
 
     def match(self, window: Sequence[str]) -> Finding | None:
-        """A finding if the last `lines` lines of `window` match through their end."""
+        """A finding if the last `lines` lines of `window` match through their end.
+
+        Each line is clipped to `MAX_LINE_CHARS` first. A code that comes out as anything but an
+        ASCII UPPER_SNAKE token (a captured group the rule did not restrict) means the rule does
+        not describe this line: no finding, and the next rule may claim it. A component is made a
+        printable-ASCII token instead, because the fault is real even if a device name is odd.
+        """
         if len(window) < self.lines:
             return None
-        text = "\n".join(window[-self.lines:])
+        text = "\n".join(clip_line(line) for line in window[-self.lines:])
         m = self.regex.search(text)
         if m is None:
             return None
@@ -127,9 +157,12 @@ class CompiledRule:
             if group in groups and rx.search(groups[group]):
                 severity = severity or sev
                 action = action or act
+        code = self.code.format_map(values)
+        if not (code.isascii() and len(code) <= MAX_CODE and _CODE.fullmatch(code.upper())):
+            return None
         return Finding(
-            component=self.component.format_map(values),
-            code=self.code.format_map(values).upper(),
+            component=token(self.component.format_map(values), MAX_COMPONENT),
+            code=code.upper(),
             message=self.message.format_map(values) if self.message else text,
             evidence={**groups, "line": text, "rule": self.name},
             kind=self.kind,
@@ -184,7 +217,7 @@ def load_rules(paths: Iterable[str], *, verify: bool = True) -> RuleSet:
         for key, meaning in data.codes.items():
             codes[key] = _merge_code(codes.get(key), meaning)
         for key in data.codes:
-            if not _CODE_KEY.match(key):
+            if not _CODE_KEY.fullmatch(key):
                 problems.append(f"{_where(root, ('codes', key), path)}: codes.{key}: "
                                 f"codes are UPPER_SNAKE, optionally ending in '*'")
         pending: list[_Pending] = []
@@ -245,11 +278,15 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
     name = name if name not in names else f"{name}#{i}"
     names.add(name)
     at = f"{_where(root, ('rules', i), path)}: rules.{i} ({name})"
+    if _UNICODE_FLAG.search(rule.pattern):
+        problems.append(f"{_where(root, ('rules', i, 'pattern'), path)}: rules.{i}.pattern: "
+                        f"rule {name}: the u and L flags are not allowed; kernel rules match ASCII only")
+        return None
     try:
         flags = _FLAGS.match(rule.pattern)  # global flags must stay in front of the wrapper
         lead = flags.group(0) if flags else ""
-        regex = re.compile(f"{lead}(?:{rule.pattern[len(lead):]})[ \\t]*\\Z")
-    except re.error as e:
+        regex = re.compile(f"{lead}(?:{rule.pattern[len(lead):]})[ \\t]*\\Z", re.ASCII)
+    except (re.error, ValueError) as e:
         problems.append(f"{_where(root, ('rules', i, 'pattern'), path)}: rules.{i}.pattern: "
                         f"bad regex in rule {name}: {e}")
         return None
@@ -267,8 +304,12 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
         if missing:
             problems.append(f"{at}: {key}: {template!r} names groups the pattern lacks: {sorted(missing)}")
             ok = False
-    if not _CODE.match(re.sub(r"\{[^}]*\}", "X", code)):
+    if not _CODE.fullmatch(re.sub(r"\{[^}]*\}", "X", code)):
         problems.append(f"{at}: code: {code!r} is not UPPER_SNAKE")
+        ok = False
+    literal = re.sub(r"\{[^}]*\}", "", rule.component)
+    if not rule.component or token(literal, MAX_COMPONENT) != literal:
+        problems.append(f"{at}: component: {rule.component!r} must be printable ASCII without spaces")
         ok = False
     hints = []
     for j, h in enumerate(rule.hints):
@@ -277,8 +318,8 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
             ok = False
             continue
         try:
-            hints.append((h.group, re.compile(h.match), h.severity, h.action))
-        except re.error as e:
+            hints.append((h.group, re.compile(h.match, re.ASCII), h.severity, h.action))
+        except (re.error, ValueError) as e:
             problems.append(f"{at}: hints.{j}.match: bad regex: {e}")
             ok = False
     if not ok:

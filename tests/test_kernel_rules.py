@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,36 @@ def test_later_file_overrides_codes_and_rules_first(tmp_path: Path) -> None:
     assert rs.codes["XID_79"].severity == Severity.WARNING and "XID_13" in rs.codes
     assert rs.codes["XID_79"].action == Action.REBOOT and rs.codes["XID_79"].sticky  # other fields kept
     assert one(rs, "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.").code == "MY_XID"
+
+
+# --- what a rule may put into a code or component ------------------------------------------------
+
+def _group_bodies(pattern: str) -> dict[str, str]:
+    """`{name: body}` of every `(?P<name>body)` in `pattern` (escapes and nesting respected)."""
+    out = {}
+    for m in re.finditer(r"\(\?P<(\w+)>", pattern):
+        depth, i = 1, m.end()
+        while depth:
+            ch = pattern[i]
+            if ch == "\\":
+                i += 2
+                continue
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            i += 1
+        out[m.group(1)] = pattern[m.end():i - 1]
+    return out
+
+
+def test_shipped_codes_take_only_bounded_ascii_digits_and_components_bounded_fields() -> None:
+    """A group in a code is `[0-9]{1,n}` (n <= 5): no Unicode digit, no Xid hundreds of digits
+    long. A group in a component has a bounded length (the matcher escapes what it holds)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(SHIPPED_RULES).read_text())
+    for rule in doc["rules"]:
+        bodies = _group_bodies(rule["pattern"])
+        for field in re.findall(r"\{(\w+)\}", rule.get("code") or ""):
+            assert re.fullmatch(r"\[0-9\]\{1,[1-5]\}\+?", bodies[field]), (rule.get("name"), field, bodies[field])
+        for field in re.findall(r"\{(\w+)\}", rule.get("component", "")):
+            body = re.sub(r"\{\d+(?:,\d+)?\}\+?", "", bodies[field])  # drop bounded repeats
+            assert not re.search(r"(?<!\\)[*+]|\{\d+,\}", body), (rule.get("name"), field, bodies[field])
