@@ -4,6 +4,11 @@ Faults logged while the daemon was down are reported once: the committed cursor
 (`{"boot_id", "seq"}`) says where the last run stopped; on a new boot the check looks back
 `lookback` into this boot's log instead. Matching keeps no state; this check keeps the ring
 buffer of recent lines that multi-line rules need.
+
+Records the kernel overwrote before the check read them (the reader fell behind, /dev/kmsg
+said EPIPE) are not lost silently: each batch that had any becomes one `KMSG_OVERRUN` finding on
+`check/kernel` saying how many, the first of a burst is logged, and `overruns` / `records_lost`
+keep running totals for metrics.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from checks.kernel_rules import SHIPPED_RULES, RuleError, RuleSet, clip_line, load_rules
-from checks.kmsg import KmsgReader, KmsgRecord
+from checks.kmsg import KmsgReader, KmsgRecord, Overrun
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule
 from robustd.durations import Duration
@@ -28,6 +33,10 @@ from robustd.paths import AbsPath
 from robustd.roots import DEFAULT_KMSG, read_boot_id
 
 CURSOR_EVERY_S = 1.0  # a cursor-only report (nothing matched) goes out at most this often
+READ_BATCH = 256  # records read per wake-up; the loop runs other work between batches
+OVERRUN_BURST_S = 10.0  # overruns closer than this are one burst: one log line for all of them
+OVERRUN_LOG_EVERY_S = 60.0  # a burst that goes on is logged again this often
+OVERRUN_CODE = "KMSG_OVERRUN"
 _CLOSED = object()
 
 
@@ -68,6 +77,12 @@ class KernelCheck(Check):
         self._boot_id = ""
         self._last_seq = -1
         self._first: Report | None = None
+        # Running totals since this check object was made (metrics export them as counters).
+        self.overruns: int = 0
+        self.records_lost: int = 0
+        self._reader_counts = (0, 0)  # the reader's (overruns, records_lost) already added above
+        self._last_overrun = -OVERRUN_BURST_S  # time.monotonic() of the last overrun
+        self._last_overrun_log = -OVERRUN_LOG_EVERY_S
 
     # --- rules -------------------------------------------------------------------------------
     @staticmethod
@@ -110,7 +125,8 @@ class KernelCheck(Check):
         self._last_seq, self._first = -1, None
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue()
-        self._reader = KmsgReader(self.kmsg_path(ctx))
+        self._reader = self._open_reader(self.kmsg_path(ctx))
+        self._reader_counts = (0, 0)
         try:
             backlog = self._reader.read_available() + self._reader.flush()
             saved = self._saved_seq(ctx.cursor)
@@ -120,12 +136,18 @@ class KernelCheck(Check):
             else:
                 since_us = (time.clock_gettime(time.CLOCK_MONOTONIC) - cfg.lookback) * 1e6
                 findings = self._handle(backlog, lambda r: r.ts_usec >= since_us)
+            findings += self._overrun_findings()
             self._first = Report(check=self.name, findings=tuple(findings), cursor=self._cursor())
             self._loop.add_reader(self._reader.fileno(), self._on_readable)
         except BaseException:
             self._reader.close()
             self._reader = None
             raise
+
+    @staticmethod
+    def _open_reader(path: str) -> KmsgReader:
+        """The reader of `path` (a seam: tests hand in one that scripts EPIPE)."""
+        return KmsgReader(path)
 
     def _saved_seq(self, cursor: Mapping[str, str]) -> int | None:
         """The saved seq if the cursor is from this boot, else None (scan by lookback)."""
@@ -170,14 +192,62 @@ class KernelCheck(Check):
             self._last_seq = max(self._last_seq, rec.seq)
         return out
 
+    def _overrun_findings(self) -> list[Finding]:
+        """One KMSG_OVERRUN finding for the overruns the reader noticed since the last call.
+
+        The reader's counters, not its list of gaps (which is bounded), feed the totals, so they
+        stay exact however many gaps one batch had. The first overrun of a burst is logged.
+        """
+        assert self._ctx is not None
+        if self._reader is None:
+            return []
+        gaps = self._reader.take_overruns()
+        counts = (self._reader.overruns, self._reader.records_lost)
+        n, lost = counts[0] - self._reader_counts[0], counts[1] - self._reader_counts[1]
+        self._reader_counts = counts
+        if n <= 0:
+            return []
+        self.overruns += n
+        self.records_lost += lost
+        unknown = any(g.lost is None for g in gaps)
+        how_many = (f"at least {lost}" if lost else "an unknown number of") if unknown else str(lost)
+        span = self._span(gaps)
+        message = (f"the kernel log reader fell behind: {how_many} records were overwritten before robustd "
+                   f"read them{span} in {n} overrun{'s' if n != 1 else ''}; {self.records_lost} records lost "
+                   f"in {self.overruns} overrun{'s' if self.overruns != 1 else ''} since the check started")
+        now = time.monotonic()
+        if now - self._last_overrun >= OVERRUN_BURST_S or now - self._last_overrun_log >= OVERRUN_LOG_EVERY_S:
+            self._ctx.log.warning("kernel: %s (rate-limited: one line per burst)", message)
+            self._last_overrun_log = now
+        self._last_overrun = now
+        evidence = {"records_lost": str(lost), "overruns": str(n),
+                    "records_lost_total": str(self.records_lost), "overruns_total": str(self.overruns)}
+        if unknown:
+            evidence["records_lost_unknown"] = "true"  # a gap before the first record this reader read
+        if gaps:
+            evidence["last_seq_before"] = str(gaps[0].after_seq)
+            evidence["first_seq_after"] = str(gaps[-1].next_seq)
+        return [Finding(component=f"check/{self.name}", code=OVERRUN_CODE, message=message, evidence=evidence,
+                        at=self._ctx.clock())]
+
+    @staticmethod
+    def _span(gaps: Sequence[Overrun]) -> str:
+        """` (seq a..b)`: the sequence numbers that were lost, when the reader knows them."""
+        known = [g for g in gaps if g.after_seq >= 0 and g.next_seq > g.after_seq + 1]
+        if not known:
+            return ""
+        return f" (seq {known[0].after_seq + 1}..{known[-1].next_seq - 1})"
+
     def _on_readable(self) -> None:
         """Event-loop callback: drain what the kernel pushed and hand it to `reports`."""
         if self._reader is None:
             return
         try:
-            records = self._reader.read_available()
-            if records:
-                self._queue.put_nowait(self._handle(records))
+            records = self._reader.read_available(READ_BATCH)
+            findings = self._handle(records) if records else []
+            findings += self._overrun_findings()
+            if records or findings:
+                self._queue.put_nowait(findings)
         except Exception as e:  # raised from reports(), where the runner turns it into a finding
             self._queue.put_nowait(e)
             if self._loop is not None:
