@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -26,12 +27,14 @@ FAKE_GPUS = [{"index": i, "bus_id": f"0000:{0x1b + i:02x}:00.0", "uuid": f"GPU-f
 class Child:
     """One `python -m checks.stoptime.collectives --spec SPEC` run; remembers every descendant it saw."""
 
-    def __init__(self, spec: dict[str, Any], tmp: Path, name: str = "spec"):
+    def __init__(self, spec: dict[str, Any], tmp: Path, name: str = "spec", python: str = sys.executable,
+                 cwd: Path = REPO):
         self.path = tmp / f"{name}.json"
         self.path.write_text(json.dumps(spec))
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "checks.stoptime.collectives", "--spec", str(self.path)],
-                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}  # as the daemon starts it, from any directory
+        self.proc = subprocess.Popen([python, "-m", "checks.stoptime.collectives", "--spec", str(self.path)],
+                                     cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.seen: dict[int, float] = {}
         self._watch = threading.Thread(target=self._track, daemon=True)
         self._watch.start()
@@ -48,7 +51,12 @@ class Child:
             pass
 
     def wait(self, timeout: float) -> tuple[int, list[dict[str, Any]], str, float]:
-        out, err = self.proc.communicate(timeout=timeout)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # its workers die with it (PDEATHSIG)
+            self.proc.communicate(timeout=10)
+            raise
         elapsed = time.monotonic() - self.t0
         self._watch.join(5)
         lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
@@ -75,10 +83,10 @@ def results(lines: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run_a2a(tmp: Path, **extra: Any) -> tuple[dict[str, dict[str, Any]], float, Child]:
+def run_a2a(tmp: Path, cwd: Path = REPO, **extra: Any) -> tuple[dict[str, dict[str, Any]], float, Child]:
     spec = {"test": "all_to_all", "run_id": "t", "node": "n0", "work_dir": str(tmp / "work"), "timeout": 40.0,
             "gpus": [], "backend": "gloo", "cpu_ranks": 4, "min_busbw_gbps": 0.0, "faults": {}, **SMALL, **extra}
-    child = Child(spec, tmp)
+    child = Child(spec, tmp, cwd=cwd)
     rc, lines, err, elapsed = child.wait(spec["timeout"] + 15)
     assert rc == 0, err[-3000:]
     assert all(line.get("type") in ("progress", "result") for line in lines)
@@ -127,6 +135,61 @@ def test_gpu_components_and_floor(tmp_path: Path) -> None:
     assert res["host"]["status"] == "FAIL" and "floor" in res["host"]["message"]
 
 
+def test_relative_work_dir_still_rendezvous(tmp_path: Path) -> None:
+    # `make run`'s state_dir ./var: a relative work_dir once became file://var/..., which torch reads as
+    # /..., and every rank waited for a store file nobody created, until a FAIL blamed the machine.
+    (tmp_path / "var").mkdir()
+    res, _, _ = run_a2a(tmp_path, cwd=tmp_path, work_dir="var/diag/a2a", timeout=20.0)
+    assert statuses(res) == {f"rank/{i}": "PASS" for i in range(4)}, res
+
+
+def test_no_rank_can_rendezvous_is_an_error_not_a_fail(tmp_path: Path) -> None:
+    # Every rank waits at a FileStore in a directory that does not exist: the harness, not a device.
+    res, elapsed, _ = run_a2a(tmp_path, timeout=10.0, faults={"unusable_store": True})
+    assert statuses(res) == {"host": "ERROR"}, res
+    assert res["host"]["message"].startswith("ranks could not rendezvous: ")
+    assert "joining the process group" in res["host"]["message"]
+    assert elapsed < 10.0 + 10.0
+
+
+def test_without_torch_the_test_cannot_run(tmp_path: Path, python_without_torch: str) -> None:
+    spec = {"test": "all_to_all", "run_id": "t", "node": "n0", "work_dir": str(tmp_path / "work"), "timeout": 30.0,
+            "gpus": [], "backend": "gloo", "cpu_ranks": 2, "faults": {}, **SMALL}
+    rc, lines, err, _ = Child(spec, tmp_path, python=python_without_torch).wait(60)
+    assert rc == 2 and not results(lines)  # PROTOCOL.md: could not run -> the daemon's ERROR, never a FAIL
+    assert "torch is not usable here" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"size_mb": 1e9}, "size_mb must be between"),
+    ({"timeout": "1h"}, "timeout must be a number"),
+    ({"test": "all_gather", "rendezvous": {"master_addr": "127.0.0.1", "master_port": 70000, "world_size": 2,
+                                           "node_rank": 1}}, "master_port must be between 1 and 65535"),
+    ({"test": "all_gather", "rendezvous": {"master_addr": "127.0.0.1", "master_port": 29500,
+                                           "world_size": 2**32 - 1, "node_rank": 1}}, "world_size must be between"),
+    ({"test": "all_gather", "rendezvous": {"master_addr": "127.0.0.1", "master_port": 29500, "world_size": 2,
+                                           "node_rank": 2}}, "node_rank must be between 0 and 1"),
+])
+def test_bad_spec_cannot_run(tmp_path: Path, extra: dict[str, Any], words: str) -> None:
+    spec = {"test": "all_to_all", "run_id": "t", "node": "n0", "work_dir": str(tmp_path / "work"), "timeout": 60.0,
+            "gpus": [], "backend": "gloo", "cpu_ranks": 2, "faults": {}, **SMALL, **extra}
+    child = Child(spec, tmp_path)
+    rc, lines, err, elapsed = child.wait(20)  # killed long before a world of 2**32-1 ranks could be judged
+    assert rc == 2 and not results(lines) and not child.seen  # refused before any worker started
+    assert err.strip().splitlines()[-1].startswith("bad spec: ") and words in err
+    assert elapsed < 10
+
+
+def test_rank_counts_are_bounded_before_any_worker_starts() -> None:
+    from checks.stoptime.child import SpecError
+
+    base = {"test": "all_to_all", "timeout": 30.0, "backend": "gloo", "faults": {}}
+    with pytest.raises(SpecError, match="cpu_ranks must be between 1 and 1024"):
+        Launcher({**base, "cpu_ranks": 100_000}, time.monotonic())
+    with pytest.raises(SpecError, match="gpus has 2000 items"):
+        Launcher({**base, "gpus": [{"index": 0}] * 2000}, time.monotonic())
+
+
 def test_bad_data_attribution() -> None:
     bad = Launcher.bad_data_suspects
     one = [{"sender": 2, "receiver": 3, "iteration": 1, "offset": 9, "expected": 1, "got": 0}]
@@ -150,7 +213,7 @@ def free_port() -> int:
 
 def run_ag(tmp: Path, node_ranks: list[int], world: int = 3, timeout: float = 40.0,
            faults: dict[int, dict[str, Any]] | None = None) -> dict[int, tuple[dict[str, dict[str, Any]], float]]:
-    port = free_port()
+    port = free_port()  # without node rank 0 in node_ranks, nothing listens there
     children = {}
     for k in node_ranks:
         spec = {"test": "all_gather", "run_id": f"t{port}", "node": f"node-{k}", "work_dir": str(tmp / f"w{k}"),
@@ -186,6 +249,21 @@ def test_all_gather_corrupt_node_is_named_by_every_peer(tmp_path: Path) -> None:
     # node 1 judges its peers fine; its own data coming back wrong is on its `host`
     res1 = out[1][0]
     assert res1["node/node-0"]["status"] == "PASS" and res1["node/node-2"]["status"] == "PASS"
+
+
+def test_all_gather_unreachable_master_is_an_error(tmp_path: Path) -> None:
+    # Nothing listens at the master's port: this node learns nothing about node rank 0's hardware.
+    out = run_ag(tmp_path, [1], world=2, timeout=8.0)
+    res, _ = out[1]
+    assert statuses(res) == {"node/rank0": "SKIPPED", "host": "ERROR"}, res
+    assert res["host"]["message"].startswith("ranks could not rendezvous: could not reach the rendezvous master")
+
+
+def test_all_gather_nobody_else_joined_is_an_error(tmp_path: Path) -> None:
+    out = run_ag(tmp_path, [0], world=3, timeout=8.0)
+    res, _ = out[0]
+    assert statuses(res) == {"node/rank1": "SKIPPED", "node/rank2": "SKIPPED", "host": "ERROR"}, res
+    assert "no other node joined the rendezvous" in res["host"]["message"]
 
 
 @pytest.mark.parametrize("timeout", [10.0])

@@ -391,7 +391,31 @@ def test_child_hang_is_killed_at_the_timeout(tmp_path: Path) -> None:
     assert results[0]["figures"]["duration_s"] >= 2.0
 
 
-def test_child_dcgmi_missing_is_skipped_never_pass(tmp_path: Path) -> None:
+def test_child_dcgmi_missing_is_an_error_never_pass_nor_fail(tmp_path: Path) -> None:
+    # The harness cannot run the test: an ERROR that says what to fix, not a SKIP a full run passes with.
     _, results = run_child(tmp_path, "pass4", ["dcgmi-not-installed-here", "diag", "-r", "eud", "-j"])
-    assert [(r["component"], r["status"]) for r in results] == [("host", "SKIPPED")]
-    assert results[0]["message"].startswith("dcgmi not found: install DCGM")
+    assert [(r["component"], r["status"]) for r in results] == [("host", "ERROR")]
+    assert results[0]["message"].startswith("dcgmi not found: dcgmi-not-installed-here")
+    assert "install DCGM" in results[0]["message"]
+
+
+@pytest.mark.parametrize("eud, words", [
+    ({"command": ["x"] * 1000}, "eud.command has 1000 items"),
+    ({"command": ["dcgmi"], "timeout": 1e12}, "eud.timeout must be between"),
+    ({"command": "dcgmi", "timeout": "soon"}, "eud.timeout must be a number"),
+])
+def test_child_bad_spec_cannot_run(tmp_path: Path, eud: dict[str, Any], words: str) -> None:
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({"test": "eud", "timeout": 30, "gpus": GPUS, "eud": eud, "faults": {}}))
+    proc = subprocess.run([sys.executable, "-m", "checks.stoptime.eud", "--spec", str(spec_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and not proc.stdout  # PROTOCOL.md: could not run; the daemon records an ERROR
+    assert proc.stderr.strip().splitlines()[-1].startswith("bad spec: ") and words in proc.stderr
+
+
+def test_child_oversized_spec_cannot_run(tmp_path: Path) -> None:
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps({"test": "eud", "pad": "x" * (2 << 20)}))
+    proc = subprocess.run([sys.executable, "-m", "checks.stoptime.eud", "--spec", str(spec_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "larger than" in proc.stderr.splitlines()[-1]

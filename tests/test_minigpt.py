@@ -21,15 +21,20 @@ STEPS = 8
 DIGEST_A, DIGEST_B, DIGEST_C = "a" * 64, "b" * 64, "c" * 64
 
 
-def run_child(tmp_path: Path, name: str, **overrides: Any) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+def run_raw(tmp_path: Path, name: str, python: str = sys.executable,
+            **overrides: Any) -> subprocess.CompletedProcess[str]:
     spec: dict[str, Any] = {"test": "minigpt", "run_id": f"t-{name}", "node": "test-node",
                             "work_dir": str(tmp_path), "timeout": 60.0, "gpus": [], "backend": "gloo",
                             "cpu_ranks": 4, "steps": STEPS, "golden": None, "faults": {}}
     spec.update(overrides)
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, "-m", "checks.stoptime.minigpt", "--spec", str(path)], cwd=REPO,
+    return subprocess.run([python, "-m", "checks.stoptime.minigpt", "--spec", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
+
+
+def run_child(tmp_path: Path, name: str, **overrides: Any) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    proc = run_raw(tmp_path, name, **overrides)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     results = {r["component"]: r for r in lines if r["type"] == "result"}
@@ -104,6 +109,17 @@ def test_judge_nan_and_crashed_ranks_fail_alone() -> None:
     assert res["host"]["status"] == "PASS" and res["host"]["details"]["node_digest"] == DIGEST_A
 
 
+def test_judge_ranks_without_evidence_are_skipped_a_hung_one_fails() -> None:
+    outcomes = _outcomes(DIGEST_A, DIGEST_A, None, None)
+    outcomes[2].skipped = "replay not started: the test ran out of time"
+    outcomes[3].error, outcomes[3].timed_out = "replay hung: not finished after 30.0s while the slowest other rank " \
+                                               "took 2.0s", True
+    res = _judge(outcomes)
+    assert res["gpu/0000:02:00.0"]["status"] == "SKIPPED" and "not started" in res["gpu/0000:02:00.0"]["message"]
+    assert res["gpu/0000:03:00.0"]["status"] == "FAIL" and "hung" in res["gpu/0000:03:00.0"]["message"]
+    assert res["host"]["status"] == "PASS" and res["host"]["details"]["node_digest"] == DIGEST_A
+
+
 def test_judge_golden() -> None:
     assert _judge(_outcomes(DIGEST_A, DIGEST_A), golden=DIGEST_A)["host"]["status"] == "PASS"
     host = _judge(_outcomes(DIGEST_A, DIGEST_A), golden=DIGEST_B)["host"]
@@ -164,8 +180,27 @@ def test_one_ulp_perturbation_is_attributed(baseline: dict[str, dict[str, Any]],
     assert results["host"]["status"] == "PASS" and results["host"]["details"]["node_digest"] == good
 
 
-def test_timeout_fails_the_hung_ranks(tmp_path: Path) -> None:
-    results, _ = run_child(tmp_path, "timeout", cpu_ranks=2, timeout=0.5)  # workers cannot even import torch
-    for c in ("rank/0", "rank/1"):
-        assert results[c]["status"] == "FAIL" and "did not finish" in results[c]["message"]
-    assert results["host"]["status"] == "FAIL"
+def test_timeout_before_any_digest_cannot_run_never_fails(tmp_path: Path) -> None:
+    # No rank finished (the workers cannot even import torch in 0.5 s): no digest to compare, no
+    # evidence about any device. The test could not run (exit 2: the daemon's ERROR), never a FAIL.
+    proc = run_raw(tmp_path, "timeout", cpu_ranks=2, timeout=0.5)
+    assert proc.returncode == 2 and '"status": "FAIL"' not in proc.stdout
+    reason = proc.stderr.strip().splitlines()[-1]
+    assert reason.startswith("no rank produced a digest: rank/0: ") and "did not finish" in reason
+
+
+def test_without_torch_the_test_cannot_run(tmp_path: Path, python_without_torch: str) -> None:
+    proc = run_raw(tmp_path, "notorch", python=python_without_torch, cpu_ranks=2)
+    assert proc.returncode == 2 and '"type": "result"' not in proc.stdout
+    assert "torch is not usable here" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"steps": 10**9}, "steps must be between"),
+    ({"cpu_ranks": 5000}, "cpu_ranks must be between"),
+    ({"gpus": "all"}, "gpus must be a list"),
+])
+def test_bad_spec_cannot_run(tmp_path: Path, overrides: dict[str, Any], words: str) -> None:
+    proc = run_raw(tmp_path, "bad", **overrides)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("bad spec: ")
+    assert words in proc.stderr

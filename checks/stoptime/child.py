@@ -1,6 +1,10 @@
 """Helpers every stop-time child uses: read the spec, write progress and result lines (PROTOCOL.md).
 
 Standard library only: the EUD, collectives and MiniGPT children all import this, and the daemon may too.
+
+A spec is read with bounds (its size, and every number or list a child sizes something by), so a bad
+value is a clear "bad spec" error (the daemon's ERROR result), never a child that grows until the OOM
+killer stops it or a verdict that blames hardware for a harness problem.
 """
 
 from __future__ import annotations
@@ -16,6 +20,13 @@ FAIL = "FAIL"
 SKIPPED = "SKIPPED"
 ERROR = "ERROR"
 STATUSES = (PASS, FAIL, SKIPPED, ERROR)
+
+MAX_SPEC_BYTES = 1 << 20  # the daemon writes a few KiB
+EXIT_CANNOT_RUN = 2  # PROTOCOL.md: non-zero = the test itself could not run
+
+
+class SpecError(ValueError):
+    """The spec is not one this child can run; the message names the key and the allowed range."""
 
 
 @dataclass
@@ -41,11 +52,71 @@ def load_spec(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description="robustd stop-time test child", add_help=False)
     parser.add_argument("--spec", required=True, help="path of the SPEC.json written by the daemon")
     args, _ = parser.parse_known_args(argv)
-    with open(args.spec, encoding="utf-8") as f:
-        spec = json.load(f)
+    try:
+        with open(args.spec, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        raise SpecError(f"cannot read {args.spec}: {e.strerror or e}") from e
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"{args.spec} is larger than {MAX_SPEC_BYTES} bytes")
+    try:
+        spec = json.loads(raw.decode("utf-8"))
+    except ValueError as e:
+        raise SpecError(f"{args.spec} is not JSON: {e}") from e
     if not isinstance(spec, dict):
-        raise ValueError(f"{args.spec}: the spec must be a JSON object")
+        raise SpecError(f"{args.spec}: the spec must be a JSON object")
     return spec
+
+
+def bounded_int(value: Any, key: str, default: int, lo: int, hi: int) -> int:
+    """`value` as an int in [lo, hi]; None (absent) is `default`. Raises SpecError naming `key`."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise SpecError(f"{key} must be an integer, not {str(value)[:40]!r}")
+    if not lo <= int(value) <= hi:
+        raise SpecError(f"{key} must be between {lo} and {hi}, not {int(value)}")
+    return int(value)
+
+
+def bounded_float(value: Any, key: str, default: float, lo: float, hi: float) -> float:
+    """`value` as a float in [lo, hi]; None (absent) is `default`. Raises SpecError naming `key`."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN
+        raise SpecError(f"{key} must be a number, not {str(value)[:40]!r}")
+    if not lo <= float(value) <= hi:
+        raise SpecError(f"{key} must be between {lo:g} and {hi:g}, not {float(value):g}")
+    return float(value)
+
+
+def bounded_str(value: Any, key: str, default: str, max_len: int) -> str:
+    """`value` as a string of at most `max_len` characters; None (absent) is `default`."""
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise SpecError(f"{key} must be a string")
+    if len(value) > max_len:
+        raise SpecError(f"{key} is longer than {max_len} characters")
+    return value
+
+
+def bounded_list(value: Any, key: str, max_items: int) -> list[Any]:
+    """`value` as a list of at most `max_items` items; None (absent) is []."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError(f"{key} must be a list")
+    if len(value) > max_items:
+        raise SpecError(f"{key} has {len(value)} items, at most {max_items} are allowed")
+    return value
+
+
+def cannot_run(why: str) -> int:
+    """The test could not run at all: say why on stderr's last line (the daemon's ERROR message)."""
+    sys.stderr.write(" ".join(why.split()) + "\n")
+    sys.stderr.flush()
+    return EXIT_CANNOT_RUN
 
 
 def rank_component(spec: dict[str, Any], rank: int) -> str:

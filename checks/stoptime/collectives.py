@@ -55,7 +55,22 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from checks.stoptime.child import ERROR, FAIL, PASS, SKIPPED, emit_progress, emit_result, load_spec, rank_component
+from checks.stoptime.child import (
+    ERROR,
+    FAIL,
+    PASS,
+    SKIPPED,
+    SpecError,
+    bounded_float,
+    bounded_int,
+    bounded_list,
+    bounded_str,
+    cannot_run,
+    emit_progress,
+    emit_result,
+    load_spec,
+    rank_component,
+)
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -70,6 +85,13 @@ DEFAULTS = {
 }
 MB = 1 << 20
 M32 = 0xFFFFFFFF
+# Bounds on what a spec may ask for: each sizes a list, a loop or a buffer here.
+MAX_TIMEOUT = 7 * 86400.0
+MAX_LOCAL_RANKS = 1024  # GPUs or CPU ranks on this node
+MAX_NODES = 65536  # rendezvous world_size (the daemon's diagnostics.max_world_size is lower)
+MAX_GLOBAL_RANKS = 1 << 18  # nodes x local ranks: every launcher polls each one's phase
+MAX_SIZE_MB = 1 << 16
+MAX_ITERATIONS = 100_000
 
 # Phases a worker goes through, as comparable positions ("how far did this rank get").
 P_SPAWNED, P_STARTED, P_INIT, P_READY, P_NAMES, P_PREPARED = 0, 1, 2, 3, 4, 5
@@ -235,8 +257,14 @@ def run_worker(cfg: dict[str, Any], conn: Connection, phase: Any, store_box: lis
 
     phase(P_INIT)
     if test == "all_to_all":
-        run(dist.init_process_group, cfg["backend"], init_method=f"file://{cfg['file_store']}",
-            rank=rank, world_size=world, timeout=timeout)
+        # A FileStore object, not a file:// URL: a relative path in a URL parses as a host name
+        # (file://./var/x is /var/x), and every rank then waits for a file nobody creates.
+        path = cfg["file_store"]
+        if not os.path.isabs(path):
+            raise ValueError(f"the FileStore path must be absolute, not {path!r}")  # a harness bug, never a rank's
+        file_store = run(dist.FileStore, path, world)
+        file_store.set_timeout(timeout)
+        run(dist.init_process_group, cfg["backend"], store=file_store, rank=rank, world_size=world, timeout=timeout)
     else:
         store = run(dist.TCPStore, cfg["master_addr"], cfg["master_port"], is_master=False,
                     timeout=timeout, wait_for_workers=False)
@@ -395,9 +423,9 @@ def route_interface(addr: str) -> str | None:
 
 def _settings(spec: dict[str, Any], test: str, backend: str) -> tuple[float, int, int]:
     d = DEFAULTS[test][backend]
-    size_mb = float(spec.get("size_mb") or d["size_mb"])
-    iterations = max(1, int(spec.get("iterations") or d["iterations"]))
-    warmup = max(0, int(spec["warmup"] if spec.get("warmup") is not None else d["warmup"]))
+    size_mb = bounded_float(spec.get("size_mb") or None, "size_mb", d["size_mb"], 1e-6, MAX_SIZE_MB)
+    iterations = bounded_int(spec.get("iterations") or None, "iterations", int(d["iterations"]), 1, MAX_ITERATIONS)
+    warmup = bounded_int(spec.get("warmup"), "warmup", int(d["warmup"]), 0, MAX_ITERATIONS)
     return size_mb, iterations, warmup
 
 
@@ -410,14 +438,21 @@ def _backend(spec: dict[str, Any]) -> str:
 
 class Launcher:
     def __init__(self, spec: dict[str, Any], t0: float):
+        """Raises SpecError for a spec this launcher cannot run (the daemon records an ERROR)."""
         self.spec = spec
         self.test = spec["test"]
-        self.timeout = float(spec.get("timeout") or DEFAULT_TIMEOUT)
+        self.timeout = bounded_float(spec.get("timeout") or None, "timeout", DEFAULT_TIMEOUT, 1e-3, MAX_TIMEOUT)
         self.t0 = t0
         self.deadline = t0 + max(1.0, self.timeout - min(5.0, max(1.0, 0.1 * self.timeout)))
         self.backend = _backend(spec)
-        self.gpus = list(spec.get("gpus") or [])
-        self.faults = dict(spec.get("faults") or {})
+        self.gpus = bounded_list(spec.get("gpus"), "gpus", MAX_LOCAL_RANKS)
+        if not all(isinstance(g, dict) for g in self.gpus):
+            raise SpecError("gpus must be a list of objects")
+        faults = spec.get("faults") or {}
+        if not isinstance(faults, dict):
+            raise SpecError("faults must be an object")
+        self.faults = dict(faults)
+        self.node = bounded_str(spec.get("node"), "node", "", 256)
         self.size_mb, self.iterations, self.warmup = _settings(spec, self.test, self.backend)
         self.total = self.iterations  # verified iterations (then as many timed ones)
         if self.gpus:
@@ -425,9 +460,9 @@ class Launcher:
         elif self.test == "all_gather":
             n = 1
         else:
-            n = int(spec.get("cpu_ranks") or DEFAULT_CPU_RANKS)
+            n = bounded_int(spec.get("cpu_ranks") or None, "cpu_ranks", DEFAULT_CPU_RANKS, 1, MAX_LOCAL_RANKS)
         if self.backend == "nccl" and not self.gpus:
-            raise SystemExit("backend nccl needs GPUs in spec.gpus")
+            raise SpecError("backend nccl needs GPUs in spec.gpus")
         self.ranks = [Rank(i, rank_component(spec, i)) for i in range(n)]
         self.progress_shown = -1.0
 
@@ -457,7 +492,7 @@ class Launcher:
                 "warmup": self.warmup, "iterations": self.iterations, "words": words, "faults": self.faults,
                 "local_rank": r.index,
                 "device_index": int(self.gpus[r.index].get("index", r.index)) if self.gpus else None,
-                "deadline_in": max(0.0, self.deadline - time.monotonic()), "node": self.spec.get("node", "")}
+                "deadline_in": max(0.0, self.deadline - time.monotonic()), "node": self.node}
 
     def alive(self) -> list[Rank]:
         return [r for r in self.ranks if r.exit_code is None]
@@ -602,30 +637,42 @@ def run_all_to_all(spec: dict[str, Any], t0: float) -> int:
     noun = "GPU" if ln.gpus else "CPU rank"
     emit_progress(0.0, f"all-to-all: starting {n} {noun}s ({ln.backend}, {words * 8 * n / MB:.1f} MiB per rank, "
                        f"{ln.iterations} iterations)")
-    work = Path(spec.get("work_dir") or tempfile.mkdtemp(prefix="robustd-a2a-"))
+    work_dir = bounded_str(spec.get("work_dir"), "work_dir", "", 4096)
+    # Absolute, whatever the daemon wrote: the ranks run in another working directory (REPO).
+    work = Path(os.path.abspath(work_dir or tempfile.mkdtemp(prefix="robustd-a2a-")))
     work.mkdir(parents=True, exist_ok=True)
     store_file = work / f"a2a-store-{os.getpid()}-{time.time_ns()}"
+    # Test-only fault: a FileStore in a directory that does not exist, where every rank waits in vain.
+    rank_store = work / "missing-dir" / store_file.name if ln.faults.get("unusable_store") else store_file
     try:
         ln.spawn()
         for r in ln.ranks:
             assert r.conn is not None
-            r.conn.send({**ln.base_cfg(r, words), "rank": r.index, "world": n, "file_store": str(store_file)})
+            r.conn.send({**ln.base_cfg(r, words), "rank": r.index, "world": n, "file_store": str(rank_store)})
         how = ln.supervise(5.0, 90.0, "all-to-all")
     finally:
         ln.kill_all(at_deadline=False)
         store_file.unlink(missing_ok=True)
-        if not spec.get("work_dir"):
+        if not work_dir:
             import shutil
 
             shutil.rmtree(work, ignore_errors=True)
 
-    if all(r.error and r.error[0] == "local" and r.error[1] <= P_STARTED for r in ln.ranks):
-        sys.stderr.write("every rank failed before joining the process group:\n" +
-                         "\n".join(f"rank {r.index}: {r.error[2]}" for r in ln.ranks if r.error) + "\n")
-        return 2
+    if all(r.error and r.error[0] == "local" for r in ln.ranks):
+        # The same code failed the same way on every rank: the harness (no torch, a bug), not n devices.
+        return cannot_run("every rank failed with an error of its own: " +
+                          "; ".join(f"rank {r.index} ({describe(r.error[1], ln.total)}): {r.error[2]}"
+                                    for r in ln.ranks if r.error))
     if all(r.exit_code not in (0, None) and r.pos == P_SPAWNED and not r.killed_at_deadline for r in ln.ranks):
-        sys.stderr.write("every worker died before starting (see stderr above)\n")
-        return 2
+        return cannot_run("every worker died before starting: exit codes "
+                          + ", ".join(str(r.exit_code) for r in ln.ranks) + " (their stderr is above)")
+    if (why := rendezvous_failure(ln)) is not None:
+        details = {"backend": ln.backend, "ranks": n, "file_store": str(rank_store),
+                   **{f"rank{r.index}": describe(r.pos, ln.total) + (f": {r.error[2]}" if r.error else "")
+                      for r in ln.ranks}}
+        emit_result("host", ERROR, f"ranks could not rendezvous: {why}", {}, details)
+        emit_progress(100.0, "all-to-all could not start")
+        return 0
 
     verdicts = judge_all_to_all(ln, how)
     for r, v in zip(ln.ranks, verdicts[:n], strict=True):
@@ -634,6 +681,28 @@ def run_all_to_all(spec: dict[str, Any], t0: float) -> int:
         emit_result(comp, v.status, v.message, v.figures, v.details)
     emit_progress(100.0, "all-to-all finished")
     return 0
+
+
+def rendezvous_failure(ln: Launcher) -> str | None:
+    """Why no rank got into the process group, when that says nothing about any one device; else None.
+
+    Only when no rank joined, none crashed and none lagged behind the others: every rank then waited
+    at the same rendezvous (or failed in it) — a store path or address that does not work, a harness
+    problem. A rank that joined, or one that stayed behind while the others waited, is evidence and is
+    judged by `judge_all_to_all`.
+    """
+    if any(r.pos >= P_READY or r.result is not None or r.crashed for r in ln.ranks):
+        return None
+    positions = {r.pos for r in ln.ranks}
+    if len(positions) != 1:
+        return None
+    pos = positions.pop()
+    errors = [r.error[2] for r in ln.ranks if r.error]
+    if errors:
+        return (f"{len(errors)} of {len(ln.ranks)} ranks failed while {describe(pos, ln.total)}: "
+                f"{errors[0].splitlines()[0] if errors[0] else ''}")
+    return (f"none of the {len(ln.ranks)} ranks got past '{describe(pos, ln.total)}' within the "
+            f"{ln.timeout:g}s timeout")
 
 
 def judge_all_to_all(ln: Launcher, how: str) -> list[Any]:
@@ -715,23 +784,50 @@ def judge_all_to_all(ln: Launcher, how: str) -> list[Any]:
 # --------------------------------------------------------------------------------------------------
 # all_gather
 
+CRASH_UNRUNNABLE = 2  # the value of crashed/<g> for a rank that failed in Python before joining (1: crashed)
+
+
+def node_info(raw: bytes) -> dict[str, Any]:
+    """A peer's check-in (its name and local rank count), bounded and checked: it came from another host."""
+    try:
+        info = json.loads(raw[:4096])
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        return {"name": "", "local_ranks": -1}
+    name, local = info.get("name"), info.get("local_ranks")
+    return {"name": name[:256] if isinstance(name, str) else "",
+            "local_ranks": local if isinstance(local, int) and not isinstance(local, bool) else -1}
+
+
+def harness_failure(r: Rank) -> bool:
+    """A Python error of the rank's own before it joined the process group: no torch, a bug, a bad spec."""
+    return r.crashed and r.error is not None and r.error[0] == "local" and r.error[1] < P_READY
+
+
 class Rendezvous:
     """The launcher's own view of the store: node check-in, peers' phases, crash flags."""
 
     def __init__(self, ln: Launcher, rdv: dict[str, Any]):
+        """Raises SpecError for impossible values (a port past 65535, a node rank past the world)."""
         self.ln = ln
-        self.addr = str(rdv.get("master_addr") or "127.0.0.1")
-        self.port = int(rdv["master_port"])
-        self.nodes = int(rdv.get("world_size") or 1)
-        self.node_rank = int(rdv.get("node_rank") or 0)
-        self.prefix = f"robustd/all_gather/{rdv.get('run_id') or ln.spec.get('run_id') or 'run'}"
+        self.addr = bounded_str(rdv.get("master_addr") or None, "rendezvous.master_addr", "127.0.0.1", 255)
+        self.port = bounded_int(rdv.get("master_port"), "rendezvous.master_port", 0, 1, 65535)
+        self.nodes = bounded_int(rdv.get("world_size") or None, "rendezvous.world_size", 1, 1, MAX_NODES)
+        self.node_rank = bounded_int(rdv.get("node_rank"), "rendezvous.node_rank", 0, 0, self.nodes - 1)
+        # The same prefix on every node: the daemon's own run id differs from node to node.
+        run_id = bounded_str(rdv.get("run_id") or None, "rendezvous.run_id", "", 256)
+        self.prefix = f"robustd/all_gather/{run_id or f'{self.addr}:{self.port}/{self.nodes}'}"
         self.store: Any = None
         self.connect_error: str | None = None
         self.joined: dict[int, dict[str, Any]] = {}
         self.local = len(ln.ranks)
         self.world = self.nodes * self.local
+        if self.world > MAX_GLOBAL_RANKS:
+            raise SpecError(f"{self.nodes} nodes x {self.local} ranks is more than {MAX_GLOBAL_RANKS} ranks")
         self.positions: dict[int, int] = {}
         self.crashed: set[int] = set()
+        self.unrunnable: set[int] = set()  # ranks whose own launcher saw them fail before joining, in Python
         self.ended: set[int] = set()  # ranks whose worker process is gone, whatever the reason
         self.store_lost: str | None = None
         self.started = False
@@ -752,7 +848,7 @@ class Rendezvous:
                                   timeout=timedelta(seconds=remaining), wait_for_workers=False)
             store.set_timeout(timedelta(seconds=5))
             ps = dist.PrefixStore(self.prefix, store)
-            ps.set(f"node/{self.node_rank}", json.dumps({"name": self.ln.spec.get("node") or "",
+            ps.set(f"node/{self.node_rank}", json.dumps({"name": self.ln.node,
                                                           "local_ranks": self.local}))
             ps.add(f"joined/{self.node_rank}", 1)
             self._raw = store
@@ -766,21 +862,25 @@ class Rendezvous:
         try:
             for k in range(self.nodes):
                 if k not in self.joined and self.store.add(f"joined/{k}", 0) > 0:
-                    self.joined[k] = json.loads(self.store.get(f"node/{k}"))
+                    self.joined[k] = node_info(self.store.get(f"node/{k}"))
             if self.started:
                 for g in range(self.world):
                     self.positions[g] = int(self.store.add(f"pos/{g}", 0))
-                    if g not in self.crashed and self.store.add(f"crashed/{g}", 0) > 0:
-                        self.crashed.add(g)
+                    if g not in self.crashed and g not in self.unrunnable:
+                        flag = self.store.add(f"crashed/{g}", 0)
+                        if flag >= CRASH_UNRUNNABLE:
+                            self.unrunnable.add(g)
+                        elif flag > 0:
+                            self.crashed.add(g)
                     if g not in self.ended and self.store.add(f"ended/{g}", 0) > 0:
                         self.ended.add(g)
         except Exception as e:  # noqa: BLE001
             self.store_lost = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
-    def flag(self, what: str, g: int) -> None:
+    def flag(self, what: str, g: int, value: int = 1) -> None:
         if self.store is not None and not self.store_lost:
             with contextlib.suppress(Exception):
-                self.store.add(f"{what}/{g}", 1)
+                self.store.add(f"{what}/{g}", value)
 
     def name(self, k: int) -> str:
         info = self.joined.get(k)
@@ -789,9 +889,8 @@ class Rendezvous:
 
 def run_all_gather(spec: dict[str, Any], t0: float) -> int:
     rdv_spec = spec.get("rendezvous") or {}
-    if "master_port" not in rdv_spec:
-        sys.stderr.write("all_gather needs spec.rendezvous with master_addr, master_port, world_size, node_rank\n")
-        return 2
+    if not isinstance(rdv_spec, dict) or "master_port" not in rdv_spec:
+        return cannot_run("all_gather needs spec.rendezvous with master_addr, master_port, world_size, node_rank")
     ln = Launcher(spec, t0)
     rdv = Rendezvous(ln, rdv_spec)
     me = rdv.node_rank
@@ -816,10 +915,9 @@ def run_all_gather(spec: dict[str, Any], t0: float) -> int:
                 waited_join = True
                 emit_progress(2.0, f"all-gather: joined the rendezvous, waiting for {rdv.nodes} nodes")
         if how == "done":
-            sizes = {k: int(v.get("local_ranks", 1)) for k, v in rdv.joined.items()}
+            sizes = {k: v["local_ranks"] for k, v in rdv.joined.items()}
             if len(set(sizes.values())) > 1:
-                sys.stderr.write(f"nodes have different local rank counts: {sizes}\n")
-                return 2
+                return cannot_run(f"nodes have different local rank counts: {sizes}")
             emit_progress(5.0, "all-gather: every node joined: " + ", ".join(rdv.name(k) for k in range(rdv.nodes)))
             rdv.started = True
             for r in ln.ranks:
@@ -837,7 +935,7 @@ def run_all_gather(spec: dict[str, Any], t0: float) -> int:
                 for r in ln.ranks:
                     if r.crashed and r.index not in flagged:
                         flagged.add(r.index)
-                        rdv.flag("crashed", me * rdv.local + r.index)
+                        rdv.flag("crashed", me * rdv.local + r.index, CRASH_UNRUNNABLE if harness_failure(r) else 1)
 
             how = ln.supervise(5.0, 90.0, "all-gather", watch)
             watch()
@@ -861,23 +959,45 @@ def run_all_gather(spec: dict[str, Any], t0: float) -> int:
 
 
 def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str, Verdict]]:
+    """One verdict per peer node, plus `host` for this node's own problems.
+
+    FAIL needs evidence: a node that joined and then crashed, lagged or sent wrong bytes, a node missing
+    from a rendezvous the others reached, a master that went away after everybody joined. A
+    rendezvous nobody else reached (or that this node could not reach), ranks that could not form the
+    process group anywhere, and this node's own ranks failing in Python before joining are ERRORs:
+    they say the harness, the addresses or the network setup are wrong, not which hardware is.
+    """
     me, L = rdv.node_rank, rdv.local
     peers = [k for k in range(rdv.nodes) if k != me]
     out: list[tuple[str, Verdict]] = []
     base = {"node_ranks": rdv.nodes, "ranks_per_node": L, "backend": ln.backend}
     if not peers:
         return [("host", Verdict(SKIPPED, "no peer nodes (rendezvous world_size is 1)", {}, base))]
+
+    def untested(why: str) -> list[tuple[str, Verdict]]:
+        return [(f"node/{rdv.name(k)}", Verdict(SKIPPED, f"not tested: {why}", {}, {**base, "node_rank": k}))
+                for k in peers]
+
     if how == "rendezvous" or len(rdv.joined) < rdv.nodes:
-        if rdv.store is None:
-            why = (f"could not reach the rendezvous master {rdv.addr}:{rdv.port} (node rank 0) within the "
-                   f"{ln.timeout:g}s timeout" + (f": {rdv.connect_error}" if rdv.connect_error else ""))
-            missing = [0] if me != 0 else []
-        else:
-            missing = [k for k in range(rdv.nodes) if k not in rdv.joined]
-            why = f"never joined the rendezvous within the {ln.timeout:g}s timeout"
-            if rdv.store_lost and not missing:  # everybody had joined, then the master went away
-                why = f"(the rendezvous master) went away before the exchange: {rdv.store_lost}"
-                missing = [0]
+        if rdv.store is None:  # we never got in: nothing is known about any peer
+            if me == 0:
+                why = f"could not host the rendezvous on {rdv.addr}:{rdv.port}"
+            else:
+                why = (f"could not reach the rendezvous master {rdv.addr}:{rdv.port} (node rank 0) within the "
+                       f"{ln.timeout:g}s timeout")
+            why += f": {rdv.connect_error}" if rdv.connect_error else ""
+            return untested("this node could not join the rendezvous") + [
+                ("host", Verdict(ERROR, f"ranks could not rendezvous: {why}", {}, {**base, "node_rank": me}))]
+        missing = [k for k in range(rdv.nodes) if k not in rdv.joined]
+        if not any(k in rdv.joined for k in peers):  # nobody else came: a wrong address, port or run id
+            why = (f"no other node joined the rendezvous on {rdv.addr}:{rdv.port} within the {ln.timeout:g}s "
+                   f"timeout ({rdv.nodes} nodes expected)" + (f"; {rdv.store_lost}" if rdv.store_lost else ""))
+            return untested("no other node joined") + [
+                ("host", Verdict(ERROR, f"ranks could not rendezvous: {why}", {}, {**base, "node_rank": me}))]
+        why = f"never joined the rendezvous within the {ln.timeout:g}s timeout"
+        if rdv.store_lost and not missing:  # everybody had joined, then the master went away
+            why = f"(the rendezvous master) went away before the exchange: {rdv.store_lost}"
+            missing = [0]
         for k in peers:
             comp = f"node/{rdv.name(k)}"
             if k in missing:
@@ -886,8 +1006,6 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
                 names = ", ".join(f"node rank {m}" for m in missing) or "the rendezvous"
                 out.append((comp, Verdict(SKIPPED, f"not tested: the exchange never started ({names} missing)", {},
                                           {**base, "node_rank": k})))
-        if me in missing:  # we could not check in at all
-            out.append(("host", Verdict(ERROR, "this node could not join the rendezvous", {}, base)))
         return out
 
     def node_of(g: int) -> int:
@@ -895,15 +1013,25 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
 
     # crashes: our own ranks (what we saw) and the peers' (what their launchers flagged)
     suspects: dict[int, str] = {}
-    own: list[str] = []
+    errors: dict[int, str] = {}  # peers that could not run the test at all (no evidence about them)
+    own: list[str] = []  # evidence against this node
+    own_errors: list[str] = []  # this node could not run the test
+    harness = [r for r in ln.ranks if harness_failure(r)]
     for r in ln.ranks:
-        if r.crashed:
+        if r.crashed and (r not in harness or len(harness) < L):
             own.append(f"{r.component} crashed {describe(r.pos, ln.total)}"
                        + (f": {r.error[2]}" if r.error else f" (exit code {r.exit_code})"))
+    if len(harness) == L:  # every rank here failed in Python before joining: the harness, not L devices
+        own_errors.append("every rank of this node failed before joining the process group: "
+                          + "; ".join(f"{r.component}: {r.error[2] if r.error else r.exit_code}" for r in harness))
     for g in sorted(rdv.crashed):
         if node_of(g) != me:
             suspects.setdefault(node_of(g), f"its rank {g} crashed "
                                             f"{describe(rdv.positions.get(g, 0), ln.total)}")
+    for g in sorted(rdv.unrunnable):
+        if node_of(g) != me and node_of(g) not in suspects:
+            errors.setdefault(node_of(g), f"could not run the test: its rank {g} failed before joining the "
+                                          "process group (its own report says why)")
     # wrong data: what our ranks received
     bad = [b for r in ln.ranks if r.result for b in r.result["bad"]]
     for g, why in ln.bad_data_suspects(bad, list(range(rdv.world)), [me * L + r.index for r in ln.ranks]).items():
@@ -912,24 +1040,33 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
             own.append(f"rank {g} of this node: {why}")
         else:
             suspects.setdefault(k, why.replace("sent wrong bytes", f"sent wrong bytes (global rank {g})"))
+    positions = {g: rdv.positions.get(g, 0) for g in range(rdv.world)}
+    for r in ln.ranks:  # what our own ranks told us directly is at least as recent
+        positions[me * L + r.index] = max(positions[me * L + r.index], r.pos)
+    formed = any(p >= P_READY for p in positions.values())
     # lateness: who never reached the phase everybody else waited in
-    if how == "deadline" and not suspects and not own:
-        lag, top = ln.laggards({g: rdv.positions.get(g, 0) for g in range(rdv.world)})
+    if how == "deadline" and not suspects and not own and not own_errors and not errors:
+        lag, top = ln.laggards(positions)
         for g in sorted(lag):
             k = node_of(g)
-            why = (f"late: its rank {g} was still {describe(rdv.positions.get(g, 0), ln.total)} at the "
+            why = (f"late: its rank {g} was still {describe(positions[g], ln.total)} at the "
                    f"{ln.timeout:g}s timeout while others got to '{describe(top, ln.total)}'")
             if k == me:
                 own.append(why.replace("its rank", "this node's rank"))
             else:
                 suspects.setdefault(k, why)
-        if not lag:
+        if not lag and not formed:
+            own_errors.append(f"ranks could not form the process group: every rank was still "
+                              f"{describe(top, ln.total)} at the {ln.timeout:g}s timeout")
+        elif not lag:
             own.append(f"every rank hung {describe(top, ln.total)} past the {ln.timeout:g}s timeout")
-    if not suspects and not own and any(r.result is None for r in ln.ranks):
+    if not suspects and not own and not own_errors and not errors and any(r.result is None for r in ln.ranks):
         for r in ln.ranks:
             if r.result is None:
-                own.append(f"{r.component} failed {describe(r.pos, ln.total)}: "
-                           + (r.error[2] if r.error else f"exit code {r.exit_code}"))
+                text = (f"{r.component} failed {describe(r.pos, ln.total)}: "
+                        + (r.error[2] if r.error else f"exit code {r.exit_code}"))
+                (own if formed else own_errors).append(
+                    text if formed else f"ranks could not form the process group: {text}")
 
     results = [r.result for r in ln.ranks if r.result]
     figs: dict[str, Any] = {}
@@ -943,8 +1080,8 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
     names_seen: dict[int, str] = {}
     for r in ln.ranks:
         for entry in r.names or []:
-            if entry:
-                names_seen[int(entry["node_rank"])] = entry["node"]
+            if isinstance(entry, dict) and isinstance(entry.get("node_rank"), int):
+                names_seen[entry["node_rank"]] = str(entry.get("node", ""))[:256]
     verified = len(results) == L
     for k in peers:
         comp = f"node/{rdv.name(k)}"
@@ -953,6 +1090,8 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
             details["name_in_collective"] = names_seen[k]
         if k in suspects:
             out.append((comp, Verdict(FAIL, suspects[k], figs, details)))
+        elif k in errors:
+            out.append((comp, Verdict(ERROR, f"node {rdv.name(k)} {errors[k]}", figs, details)))
         elif verified:
             out.append((comp, Verdict(PASS, f"all-gather data from node {rdv.name(k)} verified over "
                                             f"{ln.iterations} iterations"
@@ -961,11 +1100,15 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
         elif suspects or own:
             out.append((comp, Verdict(PASS, "no fault attributed to this node; the exchange stopped early "
                                             "because of another node", figs, details)))
+        elif own_errors or errors:
+            out.append((comp, Verdict(SKIPPED, "not tested: the exchange could not run", figs, details)))
         else:
             out.append((comp, Verdict(ERROR, "the exchange did not complete and no node could be blamed",
                                       figs, details)))
     if own:
         out.append(("host", Verdict(FAIL, "; ".join(own), figs, base)))
+    elif own_errors:
+        out.append(("host", Verdict(ERROR, "; ".join(own_errors), figs, base)))
     return out
 
 
@@ -976,14 +1119,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) == 2 and argv[0] == "--worker-fd":
         return worker_main(int(argv[1]))
-    spec = load_spec(argv)
-    test = spec.get("test")
-    if test == "all_to_all":
-        return run_all_to_all(spec, t0)
-    if test == "all_gather":
-        return run_all_gather(spec, t0)
-    sys.stderr.write(f"checks.stoptime.collectives runs all_to_all or all_gather, not {test!r}\n")
-    return 2
+    try:
+        spec = load_spec(argv)
+        test = spec.get("test")
+        if test == "all_to_all":
+            return run_all_to_all(spec, t0)
+        if test == "all_gather":
+            return run_all_gather(spec, t0)
+    except SpecError as e:
+        return cannot_run(f"bad spec: {e}")
+    return cannot_run(f"checks.stoptime.collectives runs all_to_all or all_gather, not {str(test)[:40]!r}")
 
 
 if __name__ == "__main__":

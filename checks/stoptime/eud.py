@@ -19,10 +19,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.stoptime.child import ERROR, FAIL, PASS, SKIPPED, Result, emit_progress, emit_result, load_spec
+from checks.stoptime.child import (
+    ERROR,
+    FAIL,
+    PASS,
+    SKIPPED,
+    Result,
+    SpecError,
+    bounded_float,
+    bounded_list,
+    cannot_run,
+    emit_progress,
+    emit_result,
+    load_spec,
+)
 
 DEFAULT_COMMAND = ["dcgmi", "diag", "-r", "eud", "-j"]
 DEFAULT_TIMEOUT = 3600.0
+MAX_TIMEOUT = 7 * 86400.0
+MAX_ARGS = 256
+MAX_ARG_LEN = 4096
 ROOT4 = "DCGM Diagnostic"
 ROOT3 = "DCGM GPU Diagnostic"
 EUD_TESTS = ("eud", "cpu_eud")
@@ -450,22 +466,38 @@ def run_command(command: list[str], timeout: float) -> tuple[int | None, bytes, 
             emit_progress(min(95.0, 100.0 * elapsed / timeout), f"dcgmi diag running, {elapsed:.0f} s")
 
 
-def run_eud(spec: dict[str, Any]) -> list[Result]:
+def eud_settings(spec: dict[str, Any]) -> tuple[list[str], float]:
+    """The command and its timeout from the spec, bounded; raises SpecError."""
     eud_spec = spec.get("eud") or {}
+    if not isinstance(eud_spec, dict):
+        raise SpecError("eud must be an object")
     command = eud_spec.get("command") or DEFAULT_COMMAND
     if isinstance(command, str):
+        if len(command) > MAX_ARGS * MAX_ARG_LEN:
+            raise SpecError("eud.command is too long")
         command = shlex.split(command)
-    command = [str(c) for c in command]
-    timeout = float(eud_spec.get("timeout") or spec.get("timeout") or DEFAULT_TIMEOUT)
+    command = [str(c) for c in bounded_list(command, "eud.command", MAX_ARGS)]
+    if any(len(c) > MAX_ARG_LEN for c in command):
+        raise SpecError(f"an argument of eud.command is longer than {MAX_ARG_LEN} characters")
+    timeout = bounded_float(eud_spec.get("timeout") or spec.get("timeout") or None, "eud.timeout", DEFAULT_TIMEOUT,
+                            1e-3, MAX_TIMEOUT)
+    return command, timeout
+
+
+def run_eud(spec: dict[str, Any]) -> list[Result]:
+    command, timeout = eud_settings(spec)
     base = {"command": command}
     emit_progress(0.0, "running " + shlex.join(command))
     try:
         rc, out, err, seconds = run_command(command, timeout)
     except FileNotFoundError:
-        return [Result("host", SKIPPED, f"dcgmi not found: install DCGM ({command[0]} is not on PATH)",
+        # The configured command is not there: the harness cannot run the test (an ERROR, not a SKIP a
+        # full diagnostic could pass with): install DCGM or point diagnostics.eud.command at dcgmi.
+        return [Result("host", ERROR, f"dcgmi not found: {command[0]} does not exist or is not on PATH (install "
+                                      "DCGM or set diagnostics.eud.command)",
                        details=dict(base, reason="dcgmi_not_found"))]
-    except PermissionError as e:
-        return [Result("host", ERROR, f"cannot run {command[0]}: {e}", details=base)]
+    except OSError as e:  # not executable, not a program, ...
+        return [Result("host", ERROR, f"cannot run {command[0]}: {e.strerror or e}", details=base)]
     figures = {"duration_s": round(seconds, 3)}
     if rc is None:
         return [Result("host", ERROR, f"dcgmi diag hung: no result after {timeout:g} s, killed", figures,
@@ -489,8 +521,11 @@ def run_eud(spec: dict[str, Any]) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = load_spec(argv)
-    results = run_eud(spec)
+    try:
+        spec = load_spec(argv)
+        results = run_eud(spec)
+    except SpecError as e:
+        return cannot_run(f"bad spec: {e}")
     for r in results:
         emit_result(r)
     emit_progress(100.0, "dcgmi diag done")

@@ -12,7 +12,10 @@ of the final parameters (in ``named_parameters`` order, each preceded by its nam
 
 Verdicts (see PROTOCOL.md): every rank agrees -> PASS for all; a strict majority with odd ones
 out -> FAIL for the odd ones out; no strict majority -> FAIL for every rank. A rank whose loss is
-NaN/inf, whose worker crashed, or which did not finish before the deadline -> FAIL for that rank.
+NaN/inf, whose worker crashed while others produced a digest, or which ran far longer than the
+slowest rank that finished (hung) -> FAIL for that rank. A rank the deadline stopped without such
+evidence (never started, or still in its turn) is SKIPPED, and when no rank produced a digest at all
+the test could not run (exit 2: the daemon records an ERROR with the reason), never a FAIL.
 A ``host`` result carries the node digest (the majority digest) and compares it with
 ``spec.golden`` when one is given.
 """
@@ -37,6 +40,10 @@ DIGEST_VERSION = b"robustd-minigpt-v1"
 DEFAULT_STEPS = 20
 DEFAULT_CPU_RANKS = 4
 DEFAULT_TIMEOUT = 300.0
+MAX_STEPS = 100_000
+MAX_RANKS = 1024
+MAX_TIMEOUT = 7 * 86400.0
+HUNG_FACTOR = 2.0  # a rank still running after this many times the slowest finished rank's wall time hung
 
 # The model and the data: changing any of these changes every digest (and invalidates goldens).
 VOCAB = 256
@@ -65,6 +72,20 @@ def rank_components(spec: dict[str, Any]) -> list[str]:
     return [rank_component(spec, i) for i in range(n)]
 
 
+def check_spec(spec: dict[str, Any]) -> None:
+    """Raise SpecError for values this launcher would size things by (ranks, steps, timeout)."""
+    from checks.stoptime.child import SpecError, bounded_float, bounded_int, bounded_list
+
+    gpus = bounded_list(spec.get("gpus"), "gpus", MAX_RANKS)
+    if not all(isinstance(g, dict) for g in gpus):
+        raise SpecError("gpus must be a list of objects")
+    bounded_int(spec.get("cpu_ranks") or None, "cpu_ranks", DEFAULT_CPU_RANKS, 1, MAX_RANKS)
+    bounded_int(spec.get("steps") or None, "steps", DEFAULT_STEPS, 1, MAX_STEPS)
+    bounded_float(spec.get("timeout") or None, "timeout", DEFAULT_TIMEOUT, 1e-3, MAX_TIMEOUT)
+    if not isinstance(spec.get("faults") or {}, dict):
+        raise SpecError("faults must be an object")
+
+
 def majority(digests: list[str]) -> tuple[str | None, int]:
     """The digest held by a strict majority of ``digests`` and how many hold it; (None, top count) if none."""
     if not digests:
@@ -81,8 +102,9 @@ class RankOutcome:
     finite: bool = True
     final_loss: float | None = None
     duration_s: float | None = None
-    error: str | None = None  # why there is no usable digest
-    timed_out: bool = False  # hung (or never started) rather than crashed
+    error: str | None = None  # why there is no usable digest: evidence against this rank (FAIL)
+    timed_out: bool = False  # hung rather than crashed
+    skipped: str | None = None  # why this rank was not judged (the deadline came first, no evidence)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,7 +121,9 @@ def judge(outcomes: list[RankOutcome], golden: str | None, noun: str, host_detai
         if o.final_loss is not None and math.isfinite(o.final_loss):
             figures["final_loss"] = o.final_loss
         details: dict[str, Any] = {"digest": o.digest, **o.extra}
-        if o.error is not None:
+        if o.skipped is not None:
+            status, message = "SKIPPED", o.skipped
+        elif o.error is not None:
             status, message = "FAIL", o.error
         elif not o.finite:
             status, message = "FAIL", f"non-finite loss (final loss {o.final_loss})"
@@ -328,7 +352,8 @@ def _collect(w: _Worker, out: RankOutcome) -> None:
         if line.startswith("MINIGPT "):
             report = json.loads(line[len("MINIGPT "):])
     if w.proc.returncode != 0 or report is None:
-        out.error = f"replay worker failed (exit {w.proc.returncode}): {_tail(w.stderr, 500) or 'no output'}"
+        lines = _tail(w.stderr).splitlines()
+        out.error = f"replay worker failed (exit {w.proc.returncode}): {lines[-1][:500] if lines else 'no output'}"
         out.extra["stderr"] = _tail(w.stderr)
         return
     out.digest = report["digest"]
@@ -353,6 +378,7 @@ def launch(spec: dict[str, Any], spec_path: str) -> list[RankOutcome]:
     pending = list(range(n))
     running: dict[int, _Worker] = {}
     finished = 0
+    walls: list[float] = []  # wall times (start to exit) of the workers that produced a digest
     emit_progress(0.0, f"replaying {int(spec.get('steps') or DEFAULT_STEPS)} steps on {n} "
                        f"{'GPU' if gpus else 'CPU rank'}s ({parallel} at a time)")
     with contextlib.ExitStack() as files:
@@ -372,20 +398,29 @@ def launch(spec: dict[str, Any], spec_path: str) -> list[RankOutcome]:
                         continue
                     del running[rank]
                     _collect(w, outcomes[rank])
+                    if outcomes[rank].digest is not None:
+                        walls.append(time.monotonic() - w.started)
                     finished += 1
                     emit_progress(95.0 * finished / n, f"{components[rank]} finished ({finished}/{n})")
                 if time.monotonic() >= deadline:
+                    slowest = max(walls, default=None)
                     for rank, w in running.items():
                         w.proc.kill()
                         w.proc.wait()
-                        outcomes[rank].error = (f"replay did not finish within {timeout:g}s "
-                                                f"(ran {time.monotonic() - w.started:.1f}s)")
-                        outcomes[rank].timed_out = True
+                        ran = time.monotonic() - w.started
+                        if slowest is not None and ran > HUNG_FACTOR * slowest:
+                            # Evidence: the same replay finished elsewhere in a fraction of this time.
+                            outcomes[rank].error = (f"replay hung: not finished after {ran:.1f}s while the "
+                                                    f"slowest other rank took {slowest:.1f}s")
+                            outcomes[rank].timed_out = True
+                        else:
+                            outcomes[rank].skipped = (f"replay did not finish within the {timeout:g}s timeout "
+                                                      f"(ran {ran:.1f}s" + (f"; the slowest other rank took "
+                                                                             f"{slowest:.1f}s)" if slowest else ")"))
                         outcomes[rank].extra["stderr"] = _tail(w.stderr)
                     running.clear()
                     for rank in pending:
-                        outcomes[rank].error = "replay not started: the test ran out of time"
-                        outcomes[rank].timed_out = True
+                        outcomes[rank].skipped = "replay not started: the test ran out of time"
                     pending.clear()
                     break
                 time.sleep(0.02)
@@ -405,16 +440,21 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.spec, encoding="utf-8") as f:
             return worker_main(json.load(f), args.worker_rank)
 
-    from checks.stoptime.child import emit_progress, emit_result, load_spec
+    from checks.stoptime.child import SpecError, cannot_run, emit_progress, emit_result, load_spec
 
-    spec = load_spec(["--spec", args.spec])
+    try:
+        spec = load_spec(["--spec", args.spec])
+        check_spec(spec)
+    except SpecError as e:
+        return cannot_run(f"bad spec: {e}")
 
     t0 = time.monotonic()
     outcomes = launch(spec, os.path.abspath(args.spec))
-    if not any(o.digest is not None or o.timed_out for o in outcomes):
-        # Every worker crashed before a digest (no torch, no CUDA...): the test itself could not run.
-        sys.stderr.write("\n".join(f"{o.component}: {o.error}" for o in outcomes) + "\n")
-        return 1
+    if not any(o.digest is not None for o in outcomes):
+        # No digest to compare (every worker crashed: no torch, no CUDA...; or none finished in time):
+        # the test itself could not run, whatever the reason, and nothing is known about any device.
+        return cannot_run("no rank produced a digest: " + "; ".join(
+            f"{o.component}: {(o.error or o.skipped or 'no result').splitlines()[0][:300]}" for o in outcomes))
     gpus = spec.get("gpus") or []
     noun = "GPU" if gpus else "rank"
     versions = sorted({o.extra["torch_version"] for o in outcomes if "torch_version" in o.extra})
