@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -20,11 +21,15 @@ FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
 
 
 def diag_daemon(make_daemon: Any, mode: str = "pass4", diagnostics: dict[str, Any] | None = None,
-                checks: dict[str, Any] | None = None) -> Daemon:
+                checks: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                in_root: bool = False) -> Daemon:
+    """A started daemon for diagnostics; `in_root` starts it in its own directory (like `make run` in the checkout)."""
     d = make_daemon({"diagnostics": {"eud": {"command": [FAKE_DCGMI, "diag", "-r", "eud", "-j"], "timeout": "20s"},
                                      "test_faults": True, **(diagnostics or {})},
-                     "checks": {"kernel": {"enabled": False}, **(checks or {})}},
+                     "checks": {"kernel": {"enabled": False}, **(checks or {})}, **(config or {})},
                     env={"FAKE_DCGMI_MODE": mode})
+    if in_root:
+        d.cwd = d.root
     d.start()
     return d
 
@@ -64,12 +69,118 @@ def test_eud_failure_names_gpus_raises_conditions_and_survives_restart(make_daem
     assert r.returncode == 2 and "gpu/index2" in r.stdout and "FAIL" in r.stdout
 
 
-def test_missing_dcgmi_is_skipped_never_pass(make_daemon: Any) -> None:
+def diag_conditions(d: Daemon) -> list[tuple[str, str]]:
+    return [(c.component, c.code) for c in d.verdict().conditions if c.code.startswith("DIAG_")]
+
+
+def assert_error_not_fail(d: Daemon, report: pb.DiagnosticReport) -> None:
+    """A harness failure: an ERROR report that blames nothing and raises no condition."""
+    assert report.outcome == pb.OUTCOME_ERROR, report
+    assert (report.severity, report.action) == (pb.SEVERITY_OK, pb.ACTION_NONE)
+    assert not report.suspects and not [x for x in report.results if x.status == pb.RESULT_FAIL]
+    assert diag_conditions(d) == []
+    r = d.robustctl("diag", "show", report.id)
+    assert r.returncode == 4 and "ERROR" in r.stdout
+
+
+def test_missing_dcgmi_is_an_error_never_pass(make_daemon: Any) -> None:
     d = diag_daemon(make_daemon, diagnostics={"eud": {"command": ["/nonexistent/dcgmi", "diag", "-j"]}})
     _, report = run(d, tests=["eud"])
-    assert [x.status for x in report.results] == [pb.RESULT_SKIPPED]
-    assert "dcgmi" in report.results[0].message
-    assert report.outcome == pb.OUTCOME_ERROR and "nothing was tested" in report.message
+    assert [(x.component, x.status) for x in report.results] == [("host", pb.RESULT_ERROR)]
+    assert report.results[0].message.startswith("dcgmi not found: /nonexistent/dcgmi")
+    assert_error_not_fail(d, report)
+
+
+def test_make_run_relative_state_dir_standard_level_passes(make_daemon: Any) -> None:
+    # `make run`: state_dir ./var, relative to the daemon's working directory. It once became the
+    # rendezvous URL file://./var/..., read as /var/...: every rank waited, and a FAIL blamed the machine.
+    d = diag_daemon(make_daemon, config={"state_dir": "./var"}, in_root=True,
+                    diagnostics={"collectives": {"cpu_ranks": 2, "timeout": "40s"}, "minigpt": {"steps": 3}})
+    r = d.robustctl("diag", "run", "--level", "standard", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr + d.log()
+    report = stub(d).List(pb.ListDiagnosticsRequest(), timeout=5).reports[0]
+    assert report.outcome == pb.OUTCOME_PASS and "PASS" in r.stdout
+    assert {x.test for x in report.results if x.status == pb.RESULT_PASS} == {"all_to_all", "minigpt"}
+    assert (d.root / "var").is_dir()  # the state is where the operator said: under the working directory
+    assert diag_conditions(d) == []
+
+
+def test_ranks_that_cannot_rendezvous_are_an_error_not_a_fail(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"collectives": {"cpu_ranks": 2, "timeout": "8s"}})
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _, report = run(d, tests=["all_gather", "all_to_all"], stop_on_failure=False,
+                    rendezvous=pb.Rendezvous(master_addr="127.0.0.1", master_port=port, world_size=2, node_rank=1,
+                                             run_id="job-9"),
+                    test_faults_json='{"all_to_all": {"unusable_store": true}}')  # a FileStore nobody can open
+    errors = {x.test: x.message for x in report.results if x.component == "host" and x.status == pb.RESULT_ERROR}
+    assert errors["all_gather"].startswith(f"ranks could not rendezvous: could not reach the rendezvous master "
+                                           f"127.0.0.1:{port}")
+    assert errors["all_to_all"].startswith("ranks could not rendezvous: ")
+    assert_error_not_fail(d, report)
+
+
+def test_a_child_that_cannot_import_torch_is_an_error(make_daemon: Any, python_without_torch: str) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"python": python_without_torch, "collectives": {"cpu_ranks": 2},
+                                              "minigpt": {"steps": 2}})
+    _, report = run(d, tests=["all_to_all", "minigpt"], stop_on_failure=False)
+    assert [(x.test, x.component, x.status) for x in report.results] == [
+        ("all_to_all", "host", pb.RESULT_ERROR), ("minigpt", "host", pb.RESULT_ERROR)]
+    for x in report.results:
+        assert x.message.startswith(f"{x.test} could not run: ") and "torch is not usable here" in x.message, x
+    assert_error_not_fail(d, report)
+
+
+def test_a_missing_interpreter_is_an_error(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon, diagnostics={"python": "/nonexistent/python3"})
+    _, report = run(d, tests=["all_to_all"])
+    assert [(x.component, x.status) for x in report.results] == [("host", pb.RESULT_ERROR)]
+    assert report.results[0].message.startswith("all_to_all could not start: ")
+    assert "/nonexistent/python3" in report.results[0].message
+    assert_error_not_fail(d, report)
+
+
+def _rendezvous(**kw: Any) -> pb.Rendezvous:
+    return pb.Rendezvous(**{"master_addr": "10.0.0.1", "master_port": 29500, "world_size": 2, "node_rank": 0,
+                            "run_id": "job-1", **kw})
+
+
+IMPOSSIBLE = [
+    (dict(rendezvous=_rendezvous(world_size=2**32 - 1)), "world_size must be between 1 and 4096"),
+    (dict(rendezvous=_rendezvous(world_size=0)), "world_size must be between 1 and 4096"),
+    (dict(rendezvous=_rendezvous(master_port=70000)), "master_port must be between 1 and 65535"),
+    (dict(rendezvous=_rendezvous(master_port=0)), "master_port must be between 1 and 65535"),
+    (dict(rendezvous=_rendezvous(node_rank=2)), "node_rank must be below world_size 2"),
+    (dict(rendezvous=_rendezvous(master_addr="")), "master_addr"),
+    (dict(rendezvous=_rendezvous(master_addr="a" * 300)), "master_addr"),
+    (dict(rendezvous=_rendezvous(master_addr="10.0.0.1\n; rm -rf /")), "master_addr"),
+    (dict(rendezvous=_rendezvous(run_id="j" * 200)), "run_id"),
+    (dict(rendezvous=_rendezvous(run_id="job 1\x1b[2J")), "run_id"),
+    (dict(level="x" * 10_000), "level is longer than"),
+    (dict(tests=["eud"] * 100), "tests: at most"),
+    (dict(tests=["eud"], gpus=["0000:1b:00.0"] * 5000), "gpus: at most"),
+    (dict(tests=["eud"], test_faults_json="{" + " " * 100_000 + "}"), "test_faults_json is longer than"),
+]
+
+
+def test_impossible_requests_are_refused_before_anything_starts(make_daemon: Any) -> None:
+    d = diag_daemon(make_daemon)
+    for fields, words in IMPOSSIBLE:
+        req = pb.RunRequest(**{"tests": ["all_gather"], **fields})
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub(d).Run(req, timeout=10))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (words, err.value)
+        assert words in (err.value.details() or ""), (words, err.value.details())
+        assert len(err.value.details() or "") < 300
+    req8 = pb.RunRequest(tests=["eud"])
+    req8.timeout.FromSeconds(8 * 86400)
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub(d).Run(req8, timeout=10))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most 7 days" in (err.value.details() or "")
+    r = d.robustctl("diag", "run", "--tests", "all_gather", "--rendezvous", "10.0.0.1:70000,2,0,job-1")
+    assert r.returncode != 0 and "65535" in r.stderr, r
+    assert stub(d).List(pb.ListDiagnosticsRequest(), timeout=5).reports == []  # nothing started
 
 
 def test_second_run_is_aborted_and_cancel_kills_the_children(make_daemon: Any) -> None:

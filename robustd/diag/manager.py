@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -37,6 +38,18 @@ CODES: dict[str, CodeRule] = {
 # A peer named by this node's all-gather is the peer's fault, not this node's: keep training, look.
 CODES["DIAG_ALL_GATHER_*"] = CodeRule(severity="WARNING", action="HW_INSPECT", clear_after="7d",
                                            description="a peer node's all-gather data was wrong, late or missing")
+
+
+# Bounds on a RunRequest (design rule 7): every field from outside has a size or a range.
+MAX_RUN_TIMEOUT = 7 * 86400.0
+MAX_NAME = 64  # a level or test name
+MAX_TESTS = 16
+MAX_GPUS = 1024
+MAX_BUS_ID = 64
+MAX_FAULTS_JSON = 64 << 10
+MAX_ADDR = 253  # the longest DNS name
+ADDR = re.compile(r"[A-Za-z0-9._:%-]+")  # a host name, an IPv4 or an IPv6 address (with a %zone)
+RUN_ID = re.compile(r"[A-Za-z0-9._:/@+=-]{0,128}")  # the scheduler's job or step id
 
 
 class Busy(Exception):
@@ -82,7 +95,8 @@ class DiagManager:
         self.store = engine.store
         self.config = config
         self.node = node
-        self.work_root = os.path.join(state_dir, "diag")
+        # Absolute whatever the caller passed: children get file paths (FileStore) from it.
+        self.work_root = os.path.join(os.path.abspath(state_dir), "diag")
         self.gpu_view = gpu_view
         self.cpu_model = cpu_model or "unknown CPU"
         self.running: Run | None = None
@@ -98,6 +112,7 @@ class DiagManager:
     # -- requests ------------------------------------------------------------------------------
     def start(self, req: pb.RunRequest) -> Run:
         cfg = self.config()
+        validate(req, cfg)
         if self.running is not None:
             raise Busy(f"diagnostic {self.running.id} is running; one at a time per node")
         if req.tests and req.level:
@@ -114,7 +129,8 @@ class DiagManager:
         view = self.gpu_view()
         known = {g["bus_id"] for g in view.gpus}
         if unknown := [b for b in req.gpus if b not in known]:
-            raise BadRequest(f"unknown GPUs {unknown} (this node has: {', '.join(sorted(known)) or 'none'})")
+            more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
+            raise BadRequest(f"unknown GPUs {unknown[:4]}{more} (this node has: {', '.join(sorted(known)) or 'none'})")
         if view.busy_pids and not req.force:
             pids = ", ".join(str(p) for p in sorted(view.busy_pids))
             raise Refused(f"GPU compute processes are alive (pids {pids}); stop the job or set force")
@@ -128,8 +144,6 @@ class DiagManager:
             except ValueError as e:
                 raise BadRequest(f"test_faults_json: {e}") from e
         timeout = req.timeout.ToNanoseconds() / 1e9 if req.HasField("timeout") else cfg.timeout
-        if timeout <= 0:
-            raise BadRequest("timeout must be positive")
         now = time.time()
         run_id = f"diag-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
         report = pb.DiagnosticReport(id=run_id, outcome=pb.OUTCOME_RUNNING, node=self.node, tests=tests,
@@ -347,6 +361,40 @@ class DiagManager:
             return None
         return next((x for x in r.results if x.test == "minigpt" and x.component == "host"
                      and "node_digest" in x.details), None)
+
+
+def validate(req: pb.RunRequest, cfg: DiagnosticsConfig) -> None:
+    """Refuse (BadRequest → INVALID_ARGUMENT) what no test could use, before anything starts.
+
+    An impossible rendezvous must not reach a child: a world_size of 2**32-1 grew one until the OOM
+    killer came, and a port past 65535 made all_gather blame node rank 0 for the request's mistake.
+    """
+    if len(req.level) > MAX_NAME:
+        raise BadRequest(f"level is longer than {MAX_NAME} characters")
+    if len(req.tests) > MAX_TESTS or any(len(t) > MAX_NAME for t in req.tests):
+        raise BadRequest(f"tests: at most {MAX_TESTS} names of at most {MAX_NAME} characters")
+    if len(req.gpus) > MAX_GPUS or any(not g or len(g) > MAX_BUS_ID for g in req.gpus):
+        raise BadRequest(f"gpus: at most {MAX_GPUS} bus ids of 1 to {MAX_BUS_ID} characters")
+    if len(req.test_faults_json) > MAX_FAULTS_JSON:
+        raise BadRequest(f"test_faults_json is longer than {MAX_FAULTS_JSON} bytes")
+    if req.HasField("timeout"):
+        seconds = req.timeout.ToNanoseconds() / 1e9
+        if not 0 < seconds <= MAX_RUN_TIMEOUT:
+            raise BadRequest(f"timeout must be positive and at most {MAX_RUN_TIMEOUT / 86400:g} days")
+    if req.HasField("rendezvous"):
+        rv = req.rendezvous
+        if not rv.master_addr or len(rv.master_addr) > MAX_ADDR or not ADDR.fullmatch(rv.master_addr):
+            raise BadRequest(f"rendezvous.master_addr must be a host name or an IP address of 1 to {MAX_ADDR} "
+                             "characters")
+        if not 1 <= rv.master_port <= 65535:
+            raise BadRequest(f"rendezvous.master_port must be between 1 and 65535, not {rv.master_port}")
+        if not 1 <= rv.world_size <= cfg.max_world_size:
+            raise BadRequest(f"rendezvous.world_size must be between 1 and {cfg.max_world_size} nodes "
+                             f"(diagnostics.max_world_size), not {rv.world_size}")
+        if rv.node_rank >= rv.world_size:
+            raise BadRequest(f"rendezvous.node_rank must be below world_size {rv.world_size}, not {rv.node_rank}")
+        if not RUN_ID.fullmatch(rv.run_id):
+            raise BadRequest("rendezvous.run_id must be at most 128 characters of A-Z a-z 0-9 . _ : / @ + = -")
 
 
 def codes() -> Mapping[str, CodeRule]:
