@@ -86,7 +86,15 @@ class ListenConfig(Strict):
 
 
 class DisruptiveAuthz(Strict):
-    identities: list[str] = Field(default_factory=list)  # client certificate names (SAN DNS/URI or CN), TCP
+    @staticmethod
+    def _identity(entry: str) -> str:
+        from robustd.authz import parse_identity  # a late import: robustd.authz imports this module
+
+        parse_identity(entry)
+        return entry
+
+    # Client certificate names, TCP: `dns:`, `uri:`, `email:`, `ip:`, or a plain name (robustd.authz.parse_identity).
+    identities: list[Annotated[str, AfterValidator(_identity)]] = Field(default_factory=list)
     unix_groups: list[str] = Field(default_factory=list)  # groups whose members may, on the Unix socket
 
 
@@ -147,6 +155,8 @@ class DiagnosticsConfig(Strict):
     timeout: Duration = 7200.0  # a whole Run, unless the request says otherwise
     keep_reports: int = Field(default=500, ge=1)
     test_faults: bool = False  # accept test-only fault injection in specs (tests only; never in production)
+    # The largest all_gather rendezvous (nodes) a Run may ask for; larger ones are INVALID_ARGUMENT.
+    max_world_size: int = Field(default=4096, ge=1, le=65536)
 
     @field_validator("levels")
     @classmethod

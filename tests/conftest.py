@@ -46,6 +46,15 @@ def inject_kmsg(*lines: str) -> None:
             os.close(fd)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def builtin_check_names() -> list[str]:
     from checks import BUILTIN
 
@@ -84,6 +93,7 @@ class Daemon:
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     wrap: list[str] = []  # e.g. ["ip", "netns", "exec", NAME] to run the daemon in a network namespace
+    cwd: Path = REPO  # the daemon's working directory (relative paths in its config resolve against it)
 
     def command(self, *extra: str) -> list[str]:
         return [*self.wrap, sys.executable, "-m", "robustd.daemon", "--config", str(self.config_path), *extra]
@@ -96,7 +106,7 @@ class Daemon:
             self._log.close()
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - held for the child's lifetime
         self.proc = subprocess.Popen(self.command(*extra), stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, cwd=REPO)
+                                     env=env, cwd=self.cwd, stdin=subprocess.DEVNULL)  # whatever the suite's stdin
         if wait:
             self.wait_ready(timeout)
 
@@ -139,7 +149,7 @@ class Daemon:
 
     def robustctl(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "--socket", self.socket, *args],
-                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None
@@ -223,6 +233,21 @@ def daemon(make_daemon: Any) -> Daemon:
     d = make_daemon()
     d.start()
     return d
+
+
+@pytest.fixture(scope="session")
+def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An interpreter whose `import torch` fails, as with a torch built for another CUDA: a wrapper that puts
+    a stand-in torch raising ImportError first on PYTHONPATH, for the child and every process it starts."""
+    root = tmp_path_factory.mktemp("notorch")
+    (root / "shadow" / "torch").mkdir(parents=True)
+    (root / "shadow" / "torch" / "__init__.py").write_text(
+        'raise ImportError("torch is not usable here: libcudart.so.12: cannot open shared object file")\n')
+    wrapper = root / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={root / "shadow"}${{PYTHONPATH:+:$PYTHONPATH}} '
+                       f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def plugin_env(tmp: Path) -> dict[str, str]:

@@ -8,6 +8,7 @@ import grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.bounds import echo
 from robustd.diag.manager import BadRequest, Busy, DiagManager, Refused
 
 
@@ -33,7 +34,7 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
     async def Get(self, request: pb.GetDiagnosticRequest, context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
         report = self.manager.get(request.id)
         if report is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {request.id!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {echo(request.id)}")
         return report
 
     async def List(self, request: pb.ListDiagnosticsRequest,
@@ -46,7 +47,7 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
                      context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
         report = await self.manager.cancel(request.id)
         if report is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {request.id!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {echo(request.id)}")
         return report
 
     async def RecordGolden(self, request: pb.RecordGoldenRequest, context: grpc.aio.ServicerContext) -> pb.Golden:
