@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(PY) bench/diag.py
 	$(PY) bench/fleet.py
 	$(PY) bench/stragglers.py
+	$(PY) bench/shutdown.py
 
 # Packages (packaging/build.sh; README "Install"). PKG_DIR: where they go. ROBUSTD_VERSION overrides the version.
 PKG_DIR ?= dist

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import errno
+import fcntl
 import grp
 import logging
 import os
 import signal
 import socket
-import sqlite3
 import stat
 import sys
+import threading
 import time
 from importlib.metadata import entry_points
 from typing import Any, Mapping
@@ -26,11 +29,12 @@ from grpc_reflection.v1alpha import reflection
 
 from robustd import __version__
 from robustd.api.diagnostics import DiagnosticsServicer
+from robustd.api.requests import RequestInterceptor
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.authz import Authorizer, AuthzInterceptor, UnixFront
+from robustd.authz import Authorizer, AuthzInterceptor
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, CodeTable
 from robustd.config import ConfigError, Settings, TlsConfig, load_config
@@ -39,10 +43,12 @@ from robustd.diag.manager import codes as diag_codes
 from robustd.engine import Engine
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
-from robustd.roots import DEFAULT_CONFIG, Roots, read_boot_id
+from robustd.relay import UnixFront
+from robustd.roots import DEFAULT_CONFIG, PROC_LOCKS, Roots, read_boot_id
 from robustd.runner import Runner
 from robustd.sdnotify import Notifier, setup_logging
 from robustd.store import Store
+from robustd.writer import ThreadWriter
 
 log = logging.getLogger("robustd")
 
@@ -52,10 +58,21 @@ BUILTIN_CODES: dict[str, CodeRule] = {
                               description="a check's poll overran its deadline; the check is blind until it returns"),
     "CHECK_ERROR": CodeRule(severity="WARNING", action="NONE", clear_after="10s",
                             description="a check raised or its watcher failed"),
+    "STATE_UNWRITABLE": CodeRule(severity="WARNING", action="NONE", clear_after="10s",
+                                 description="robustd cannot write its event log (state disk full, read-only or not "
+                                             "responding): verdicts are current, changes wait in memory"),
 }
 NODE_SERVICE = "robustd.node"  # grpc.health.v1 name: SERVING unless the node is CRITICAL
 TICK = 0.25
 PRUNE_EVERY = 60.0
+SHUTDOWN_BUDGET = 1.5  # seconds for an orderly stop, all steps together
+SHUTDOWN_BACKSTOP = 8.0  # if the stop itself hangs (a call that ignores every limit), exit anyway
+# Keys read once at start; a reload reports their changes instead of applying them.
+RESTART_KEYS = ("node_name", "state_dir", "boot_id_path", "listen", "metrics")
+
+
+class StartError(Exception):
+    """Why the daemon cannot start, as the one line the log shows (never a traceback)."""
 
 
 def discover_checks() -> dict[str, type[Check]]:
@@ -88,58 +105,131 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.stop_count = 0
         self.reloading: asyncio.Task[None] | None = None
+        self.ticker: asyncio.Task[None] | None = None
+        self.server: grpc.aio.Server | None = None
+        self.metrics_server: Any = None
+        self.socket_id: tuple[int, int] | None = None
+        self.state_lock: int | None = None
 
     # -- composition ---------------------------------------------------------------------------
     async def run(self) -> int:
+        """Start, serve until SIGTERM/SIGINT, stop: 0 after a signal, 1 when the start failed.
+
+        Stopping is bounded whatever holds on (Watch streams, a running stop-time test, a poll stuck in
+        NVML, idle relay connections, a state disk that does not answer): each step has a time limit
+        within SHUTDOWN_BUDGET, and main() exits the process without waiting on threads stuck in the kernel.
+        """
+        self._install_signals()  # first: a signal during the start ends the start
+        starting = asyncio.ensure_future(self._start())
+        stopping = asyncio.ensure_future(self.stop_requested.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if not starting.done():
+            log.info("stop requested while starting")
+            starting.cancel()
+            await asyncio.wait({starting}, timeout=SHUTDOWN_BUDGET / 3)
+        elif (err := starting.exception()) is not None:
+            log.error("cannot start: %s", _one_line(err))
+            if not isinstance(err, StartError):
+                log.debug("start failure", exc_info=err)
+            code = 1
+        else:
+            await stopping
+        stopping.cancel()
+        if code == 0:
+            log.info("stopping")
+        await self._stop()
+        return code
+
+    async def _start(self) -> None:
         cfg = self.settings.config
-        self.boot_id = read_boot_id(cfg.boot_id_path)
-        self.store = Store(cfg.state_dir)
+        self.state_lock = lock_state_dir(cfg.state_dir)  # a second daemon on this state fails here, at once
+        try:
+            self.boot_id = read_boot_id(cfg.boot_id_path)
+        except (OSError, ValueError) as e:
+            raise StartError(f"boot_id_path: cannot read {cfg.boot_id_path}: {getattr(e, 'strerror', None) or e}"
+                             ) from None
+        self.store = Store(cfg.state_dir)  # never fails for the state disk: a read-only one means degraded
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
         self.policy = Policy(self._code_table(self.settings), self.boot_id,
                              default_clear_after=cfg.policy.clear_after, update_interval=cfg.policy.update_interval,
                              escalate_after_reboots=cfg.policy.escalate_after_reboots,
-                             prior_boots=self.store.boots_with)
+                             max_conditions_per_code=cfg.policy.max_conditions_per_code,
+                             max_conditions=cfg.policy.max_conditions, prior_boots=self.store.boots_with)
         self.policy.load(self.store.conditions(), time.time())
-        self.engine = Engine(self.policy, self.store)
+        self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()))
+        if self.store.open_error:
+            log.error("state_dir %s: the event log cannot be written (%s); serving verdicts from memory and "
+                      "retrying every second", cfg.state_dir, self.store.open_error)
         if self.store.meta("boot_id") != self.boot_id:
-            cleared = self.engine.commit_events(self.policy.reboot(time.time()))
+            cleared = self.policy.reboot(time.time())
+            self.engine.commit_events(cleared)
             log.info("boot id is %s (new boot); cleared %d conditions of the previous boot", self.boot_id,
                      len(cleared))
             self.store.set_meta("boot_id", self.boot_id)
-        self.store.prune(time.time(), cfg.retention.max_age, cfg.retention.max_events)
+        self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
         self.diag = DiagManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
                                 self._gpu_view, cpu_model(self.settings.roots()))
         self.diag.recover()
-        self.runner.run()
-        self._install_signals()
+        self._start_metrics()  # before the socket: a port in use fails the start before any client connects
         self.health = health.aio.HealthServicer()
-        server = await self._serve()
+        self.server = await self._serve()
+        self.runner.run()
         self.engine.listeners.append(self._on_events)
         await self._update_health()
-        self._start_metrics()
         self.notifier.ready(self._summary())
         log.info("robustd %s ready on %s (node %s, %d checks)", __version__, cfg.listen.unix, cfg.node_name,
                  len(self.runner.states))
-        ticker = asyncio.get_running_loop().create_task(self._tick_loop())
-        await self.stop_requested.wait()
+        self.ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="tick")
 
-        log.info("stopping")
+    async def _stop(self) -> None:
+        """Tear down whatever was started, each step bounded; safe after a partial start."""
         self.notifier.stopping()
-        ticker.cancel()
-        if self.diag.running is not None:
-            await self.diag.cancel(self.diag.running.id)
-        await self.health.enter_graceful_shutdown()
-        await server.stop(grace=2)
-        await self.front.close()
-        await self.runner.stop()
-        if self.engine.backlog:
-            self.engine.commit_events([])  # one last try
-        if self.engine.backlog:
-            log.error("stopping with %d events not written to the event log (%s); the checks will report "
-                      "standing faults again after the restart", len(self.engine.backlog), self.engine.store_error)
-        self.store.close()
-        return 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_BUDGET
+        backstop = threading.Timer(SHUTDOWN_BACKSTOP, _forced_exit, (f"shutdown did not finish within "
+                                                                     f"{SHUTDOWN_BACKSTOP:g}s",))
+        backstop.daemon = True
+        backstop.start()
+        if self.ticker is not None:
+            self.ticker.cancel()
+        engine: Engine | None = getattr(self, "engine", None)
+        if engine is not None:
+            engine.hub.close()  # Watch streams end now; their clients resume by seq
+        diag: DiagManager | None = getattr(self, "diag", None)
+        if diag is not None and diag.running is not None:
+            await _bounded("the running diagnostic", diag.cancel(diag.running.id), deadline, 0.5)
+        health_servicer = getattr(self, "health", None)
+        if health_servicer is not None:
+            await _bounded("health", health_servicer.enter_graceful_shutdown(), deadline, 0.2)
+        if self.server is not None:
+            await _bounded("the gRPC server", self.server.stop(grace=0.25), deadline, 0.5)
+        front = getattr(self, "front", None)
+        if front is not None:
+            await _bounded("the Unix socket relay", front.close(), deadline, 0.3)
+            self._remove_socket()
+        runner: Runner | None = getattr(self, "runner", None)
+        if runner is not None:
+            await _bounded("the checks", runner.stop(), deadline, 0.5)
+        if self.metrics_server is not None:
+            self.metrics_server.server_close()  # its serving thread is a daemon thread
+        if engine is not None:
+            await engine.close(max(0.3, deadline - loop.time()))
+        elif getattr(self, "store", None) is not None:
+            self.store.close()
+        backstop.cancel()
+
+    def _remove_socket(self) -> None:
+        """Unlink the public socket if it is still the one this daemon made (never another's)."""
+        path = self.settings.config.listen.unix
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        if self.socket_id == (st.st_dev, st.st_ino):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def _make_runner(self, settings: Settings) -> Runner:
         instances = [(cls(), settings.checks[name]) for name, cls in self.check_types.items()]
@@ -179,10 +269,12 @@ class Daemon:
         listen = cfg.listen
         path = listen.unix
         _prepare_socket_path(path)
-        self.front = UnixFront(path, listen.unix_mode, listen.unix_group)
-        authz = Authorizer(lambda: self.settings.config.authz, self.front)
+        self.front = UnixFront(path, listen.unix_mode, listen.unix_group, max_connections=listen.max_connections,
+                               max_connections_per_uid=listen.max_connections_per_uid,
+                               handshake_timeout=listen.handshake_timeout)
+        self.authz = authz = Authorizer(lambda: self.settings.config.authz, self.front)
         server = grpc.aio.server(
-            interceptors=[AuthzInterceptor(authz)],
+            interceptors=[AuthzInterceptor(authz), RequestInterceptor(listen.max_message_bytes)],
             options=[("grpc.max_receive_message_length", listen.max_message_bytes),
                      ("grpc.max_send_message_length", listen.max_message_bytes),
                      ("grpc.max_concurrent_streams", listen.max_concurrent_streams)])
@@ -201,17 +293,21 @@ class Daemon:
         server.add_insecure_port(self.front.inner_address)
         if listen.tcp:
             if listen.tls is not None:
+                check_port("listen.tcp", listen.tcp)
                 if server.add_secure_port(listen.tcp, _tls_credentials(listen.tls)) == 0:
-                    raise RuntimeError(f"listen.tcp: cannot listen on {listen.tcp}")
+                    raise StartError(f"listen.tcp: cannot listen on {listen.tcp}")
                 log.info("gRPC over TLS on %s%s", listen.tcp,
                          " (mutual TLS: client certificates required)" if listen.tls.client_ca else "")
             else:
                 log.warning("listen.insecure: gRPC on %s is PLAINTEXT and unauthenticated: anyone who can reach "
                             "it reads this node's state; configure listen.tls", listen.tcp)
+                check_port("listen.tcp", listen.tcp)
                 if server.add_insecure_port(listen.tcp) == 0:
-                    raise RuntimeError(f"listen.tcp: cannot listen on {listen.tcp}")
+                    raise StartError(f"listen.tcp: cannot listen on {listen.tcp}")
         await server.start()
         await self.front.start()
+        st = os.lstat(path)
+        self.socket_id = (st.st_dev, st.st_ino)
         for name in cfg.authz.disruptive.unix_groups:
             try:
                 grp.getgrnam(name)
@@ -225,7 +321,11 @@ class Daemon:
             return
         from robustd.metrics import StateCollector, serve
 
-        serve(address, StateCollector(self.engine, self.settings.config.node_name, lambda: self.runner.states))
+        try:
+            self.metrics_server = serve(address, StateCollector(self.engine, self.settings.config.node_name,
+                                                                lambda: self.runner.states))
+        except OSError as e:
+            raise StartError(f"metrics: cannot listen on {address}: {e.strerror or e}") from None
         log.info("metrics on http://%s/metrics", address)
 
     # -- running -------------------------------------------------------------------------------
@@ -238,10 +338,7 @@ class Daemon:
             self.engine.tick()
             if now - last_prune >= PRUNE_EVERY:
                 ret = self.settings.config.retention
-                try:
-                    self.store.prune(time.time(), ret.max_age, ret.max_events)
-                except (sqlite3.Error, OSError) as e:  # a full disk must not stop the ticks (and the watchdog)
-                    log.error("event log retention could not run: %s", e)
+                self.engine.prune(ret.max_age, ret.max_events)
                 last_prune = now
             dog = self.notifier.watchdog_interval
             # Ping only while checks are being scheduled: a wedged runner must let systemd restart us.
@@ -300,27 +397,135 @@ class Daemon:
             self.notifier.status(f"reload rejected: {e.problems[0]}")
             return
         old = self.settings.config
-        for key in ("node_name", "state_dir", "boot_id_path", "listen", "metrics"):
-            if getattr(old, key) != getattr(new.config, key):
-                log.warning("%s changed: that takes effect at the next restart", key)
+        for key in changed_keys(old, new.config, RESTART_KEYS):
+            log.warning("%s changed: that takes effect at the next restart", key)
+        applied = [k for k in type(old).model_fields
+                   if k not in RESTART_KEYS and getattr(old, k) != getattr(new.config, k)]
+        if dict(self.settings.checks) != dict(new.checks):
+            applied.append("checks")
         self.notifier.send("RELOADING=1")
         await self.runner.stop()
-        self.settings = Settings(config=old.model_copy(update={"retention": new.config.retention,
-                                                                "authz": new.config.authz,
-                                                                "policy": new.config.policy,
-                                                                "roots": new.config.roots,
-                                                                "log_level": new.config.log_level}),
+        self.settings = Settings(config=new.config.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS}),
                                  checks=new.checks, source=new.source)
+        self.authz.refresh()  # logs which certificate names changed meaning, now rather than at the next call
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
         self.policy.table = self._code_table(self.settings)
         self.policy.default_clear_after = new.config.policy.clear_after
         self.policy.update_interval = new.config.policy.update_interval
         self.policy.escalate_after_reboots = new.config.policy.escalate_after_reboots
+        self.policy.max_conditions_per_code = new.config.policy.max_conditions_per_code
+        self.policy.max_conditions = new.config.policy.max_conditions
         logging.getLogger().setLevel(new.config.log_level.upper())
         self.runner.run()
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
-        log.info("config reloaded from %s", self.config_path)
+        log.info("config reloaded from %s: %s", self.config_path,
+                 f"applied {', '.join(sorted(applied))}" if applied else "no changes to apply")
+
+
+def changed_keys(old: Any, new: Any, keys: tuple[str, ...]) -> list[str]:
+    """Dotted names of the leaves that differ under `keys` (e.g. `listen.max_connections`)."""
+    out: list[str] = []
+
+    def walk(prefix: str, a: Any, b: Any) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(f"{prefix}.{k}", a.get(k), b.get(k))
+        elif a != b:
+            out.append(prefix)
+
+    for key in keys:
+        walk(key, old.model_dump().get(key), new.model_dump().get(key))
+    return out
+
+
+async def _bounded(what: str, step: Any, deadline: float, limit: float) -> None:
+    """Await one shutdown step for at most `limit` seconds and never past `deadline`; log an overrun."""
+    loop = asyncio.get_running_loop()
+    timeout = max(0.05, min(limit, deadline - loop.time()))
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        log.warning("stopping: %s did not finish within %.2fs; going on without it", what, timeout)
+    elif not task.cancelled() and (err := task.exception()) is not None:
+        log.warning("stopping: %s failed: %s", what, _one_line(err))
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _forced_exit(why: str) -> None:
+    log.error("%s; exiting now", why)
+    _exit(1)
+
+
+def _exit(code: int) -> None:
+    """Leave without waiting on threads: a poll stuck in a driver call (NVML hangs with the GPU) or a
+    write stuck in fsync cannot be joined, and Python's exit would join executor threads forever."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def lock_state_dir(path: str) -> int | None:
+    """flock(2) the state directory for this daemon's lifetime, so a second robustd on the same state fails
+    at once naming the first, rather than waiting on SQLite's locks and then sharing its event log.
+
+    None when the directory cannot be opened at all: the store then starts degraded and says why.
+    """
+    with contextlib.suppress(OSError):
+        os.makedirs(path, mode=0o750, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = _flock_holder(fd)
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StartError(f"state_dir {path} is in use by another robustd"
+                             + (f" (pid {holder})" if holder else "")) from None
+        return None  # a file system without flock: nothing to guard with
+    return fd
+
+
+def _flock_holder(fd: int) -> int | None:
+    """The pid holding a flock on fd's file, from /proc/locks (`1: FLOCK ADVISORY WRITE <pid> <maj:min:ino> ...`)."""
+    st = os.fstat(fd)
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open(PROC_LOCKS, encoding="ascii", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == ident and parts[4].isdigit():
+                    return int(parts[4])
+    except OSError:
+        pass
+    return None
+
+
+def check_port(key: str, address: str) -> None:
+    """Bind `host:port` once to say plainly why it cannot be listened on (gRPC only says it failed)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, ValueError) as e:
+        raise StartError(f"{key}: cannot listen on {address}: {getattr(e, 'strerror', None) or e}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
+        try:
+            probe.bind(addr)
+        except OSError as e:
+            raise StartError(f"{key}: cannot listen on {address}: {e.strerror or e}") from None
 
 
 def _tls_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
@@ -352,20 +557,26 @@ def cpu_model(roots: Roots) -> str:
 
 
 def _prepare_socket_path(path: str) -> None:
-    """Create the socket's directory; remove a stale socket, but never steal a live one."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Create the socket's directory; refuse to take over a live socket or a file that is not a socket.
+
+    Nothing is removed here: UnixFront renames its new socket onto `path`, which atomically replaces a stale
+    socket, or a symlink someone planted, without following it. Unlinking first would open a window in which
+    another user could put a symlink at `path` (UnixFront refuses directories where others could).
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    if stat.S_ISLNK(st.st_mode):
+        return  # replaced by the rename, never followed (not even by a probe)
     if not stat.S_ISSOCK(st.st_mode):
         raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
     except OSError:
-        os.unlink(path)  # nobody listens: a leftover from a crash
-        return
+        return  # nobody listens: a leftover from a crash, replaced by the rename
     finally:
         probe.close()
     raise RuntimeError(f"another process is already listening on {path}")
@@ -405,11 +616,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{settings.source}: config OK ({len(settings.checks)} checks)")
         return 0
     setup_logging(settings.config.log_level)
+    _exit(run_daemon(Daemon(settings, check_types, path, overrides)))
+    return 1  # not reached
+
+
+def run_daemon(daemon: Daemon) -> int:
+    """The event loop, without asyncio.run's unbounded ending (it waits for every task to honour
+    cancellation and for every executor thread to return)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     try:
-        return asyncio.run(Daemon(settings, check_types, path, overrides).run())
-    except (OSError, RuntimeError, ValueError) as e:
-        log.error("cannot start: %s", e)
-        return 1
+        code = loop.run_until_complete(daemon.run())
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback on the way out
+        log.error("stopped by an internal error: %s", _one_line(e))
+        log.debug("internal error", exc_info=True)
+        code = 1
+    leftovers = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in leftovers:
+        t.cancel()
+    if leftovers:
+        _, pending = loop.run_until_complete(asyncio.wait(leftovers, timeout=0.3))
+        if pending:
+            log.debug("exiting with %d tasks that ignored cancellation: %s", len(pending),
+                      ", ".join(sorted(t.get_name() for t in pending)))
+    return code
 
 
 if __name__ == "__main__":

@@ -1,31 +1,38 @@
-"""The single writer: findings → policy → commit to the event log → publish to watchers.
+"""The single decider: findings → policy → event log → publish to watchers.
 
-Everything here runs on the event loop thread, and nothing awaits between the policy's
-decision, the commit and the publish, so a watcher that subscribes and then reads the log
-sees every event exactly once.
+Decisions are made on the event-loop thread; the writes run on the writer thread (robustd/writer.py),
+and an event is published to Watch streams and listeners only after its write returned, with its seq.
+A Watch that subscribes and then reads the log therefore sees every event exactly once (the servicer
+skips a seq it already sent, since a write can be on disk a moment before it is published).
 
-When the event log cannot be written (disk full, read-only or failing state disk) nothing is
-dropped: the events and cursors wait in memory, in order, and every later commit (at least the
-1 s tick) retries them first. Meanwhile the policy's conditions — what GetVerdict reports — stay
-current, `store_error` says why the log lags, and Watch streams get the events once they are on disk.
+When the event log cannot be written (disk full, read-only, failing or frozen state disk) nothing is
+dropped: the events and cursors wait in memory, in order (compacted past COMPACT_AT), and are retried
+every second. Meanwhile the policy's conditions — what GetVerdict reports — stay current, `store_error`
+says why the log lags, and Watch streams get the events once they are on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
-from robustd.model import Condition, Event, EventKind, Report
+from robustd.model import Condition, Event, EventKind, Finding, FindingKind, Report
 from robustd.policy import Policy
 from robustd.store import Store
+from robustd.writer import InlineWriter, ThreadWriter
 
 log = logging.getLogger("robustd.engine")
 ERROR_LOG_EVERY = 60.0
 COMPACT_AT = 1000  # held events beyond this are compacted (see compact)
+RETRY_EVERY = 1.0  # a failed write is retried this often
+STUCK_AFTER = 5.0  # a write still running after this long means the state disk does not answer
+SETTLE_WAIT = 0.25  # how long GetVerdict and a Watch snapshot wait for writes in flight before answering
+STORE_COMPONENT, STATE_CODE, STORE_SOURCE = "check/store", "STATE_UNWRITABLE", "store"
+STATE_RESOLVED = Finding(component=STORE_COMPONENT, code=STATE_CODE, kind=FindingKind.RESOLVED,
+                         message="the event log is written again")
 
 
 def compact(events: list[Event]) -> list[Event]:
@@ -50,19 +57,22 @@ def compact(events: list[Event]) -> list[Event]:
 
 @dataclass(eq=False)
 class Subscriber:
-    """One Watch stream's mailbox. On overflow it is marked lagged and re-reads the log."""
+    """One Watch stream's mailbox. On overflow it is marked lagged and re-reads the log; `closed` ends the
+    stream (the daemon is stopping: clients resume by seq)."""
 
     queue: asyncio.Queue[Event] = field(default_factory=lambda: asyncio.Queue(maxsize=1024))
     lagged: bool = False
+    closed: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Hub:
     def __init__(self) -> None:
         self.subscribers: set[Subscriber] = set()
+        self.closed = False
 
     def subscribe(self) -> Subscriber:
-        s = Subscriber()
+        s = Subscriber(closed=self.closed)
         self.subscribers.add(s)
         return s
 
@@ -80,82 +90,229 @@ class Hub:
                     s.lagged = True
             s.wake.set()
 
+    def close(self) -> None:
+        """End every stream (and any that starts from now on)."""
+        self.closed = True
+        for s in self.subscribers:
+            s.closed = True
+            s.wake.set()
+
+
+class NotWritten(Exception):
+    """A change was decided, but the event log could not take it within the time allowed."""
+
 
 class Engine:
-    def __init__(self, policy: Policy, store: Store, clock: Callable[[], float] = time.time):
+    """Decides on the event-loop thread; writes on the writer's (robustd/writer.py); tells after the write.
+
+    `backlog` holds every decided event not yet on disk, in order: the batch being written (its first
+    `_writing` events) and what arrived since. A write that fails leaves it there, retried at most every
+    RETRY_EVERY; a write that does not return within STUCK_AFTER is reported while it hangs. Either way
+    the problem is a condition of robustd's own (`STATE_UNWRITABLE` on `check/store`), never a hardware
+    verdict, and it clears once a write succeeds.
+    """
+
+    def __init__(self, policy: Policy, store: Store, clock: Callable[[], float] = time.time,
+                 writer: InlineWriter | ThreadWriter | None = None):
         self.policy = policy
         self.store = store
         self.clock = clock
+        self.writer = writer or InlineWriter()
         self.hub = Hub()
         self.events_total = 0
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
-        self.backlog: list[Event] = []  # decided, not yet on disk (the log could not be written)
+        self.backlog: list[Event] = []  # decided, not yet on disk
         self._backlog_cursors: dict[str, Mapping[str, str]] = {}
-        self.store_error = ""  # why the backlog is not empty; "" while the log is written normally
+        self._writing = 0  # how many of backlog's first events the write in flight carries (0: none in flight)
+        self._waiters: dict[int, asyncio.Future[Event]] = {}  # id(event) -> whoever waits for its seq
+        self.head = store.head_seq()  # the newest seq written, as published
+        self.store_error = ""  # why the backlog is not being written; "" while the log is written normally
         self.store_error_since: float | None = None
         self._last_error_log = 0.0
+        self._retry_at = 0.0
+        self._pruning = False
+        self._closing = False
+        store.wants_flush = self._flush
+        if not store.writable:
+            self._retry_at = self.clock() + RETRY_EVERY
+            self._store_problem(store.open_error or "the event log is not open")
 
+    # -- inputs (event-loop thread) ------------------------------------------------------------
     def submit(self, report: Report) -> list[Event]:
         events = self.policy.apply(report.findings, report.check, self.clock())
         cursors = {report.check: report.cursor} if report.cursor is not None else None
-        if not events and cursors is None:
-            return []
-        return self._commit(events, cursors)
+        if events or cursors:
+            self._enqueue(events, cursors)
+        return events
 
     def tick(self) -> list[Event]:
-        return self._commit(self.policy.tick(self.clock()))
+        self._watch_writer()
+        events = self.policy.tick(self.clock())
+        self._enqueue(events)
+        return events
 
-    def acknowledge(self, component: str, code: str, reason: str) -> Event:
+    async def acknowledge(self, component: str, code: str, reason: str, timeout: float = 5.0) -> Event:
+        """Clear a condition for an operator and return its event once written; KeyError if there is none,
+        NotWritten if the log cannot take it within `timeout` (the clear stands and is written later)."""
         ev = self.policy.acknowledge(component, code, reason, self.clock())
-        return self._commit([ev])[0]
-
-    def commit_events(self, events: list[Event]) -> list[Event]:
-        return self._commit(events)
-
-    def _commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None) -> list[Event]:
-        if not events and not cursors and not self.backlog and not self._backlog_cursors:
-            return []
-        events = self.backlog + events
-        merged = {**self._backlog_cursors, **(cursors or {})}
+        fut: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        self._waiters[id(ev)] = fut
         try:
-            done = self.store.commit(events, merged)
-        except (sqlite3.Error, OSError) as e:
-            self._held(events, merged, e)
-            for listener in self.listeners:
-                listener([])  # the conditions changed even though the log did not
-            return []
+            self._enqueue([ev])
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise NotWritten(f"the event log did not take the change within {timeout:g}s "
+                             f"({self.store_error or 'a write is still in progress'}); the condition is cleared "
+                             "and the event is written when the state disk answers") from None
+        finally:
+            self._waiters.pop(id(ev), None)
+
+    def commit_events(self, events: list[Event]) -> None:
+        self._enqueue(events)
+
+    def prune(self, max_age: float, max_events: int) -> None:
+        """Retention, on the writer (it deletes rows); skipped while a prune is still running."""
+        if self._pruning or not self.store.writable:  # nothing to prune in a log that cannot be written
+            return
+        self._pruning = True
+        self.writer.run(lambda: self.store.prune(self.clock(), max_age, max_events), self._pruned)
+
+    def _pruned(self, result: Any, err: BaseException | None) -> None:
+        self._pruning = False
+        if err is not None:  # a full disk must not stop the ticks (and the watchdog)
+            log.error("event log retention could not run: %s", err)
+
+    # -- writing -------------------------------------------------------------------------------
+    def _enqueue(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self.backlog.extend(events)
+        if cursors:
+            self._backlog_cursors.update(cursors)
+        if len(self.backlog) - self._writing > COMPACT_AT:
+            self.backlog = self.backlog[:self._writing] + compact(self.backlog[self._writing:])
+        self._flush()
+
+    def _flush(self) -> None:
+        """Start a write of everything held, unless one is in flight or a failed one waits for its retry."""
+        if self._writing or not (self.backlog or self._backlog_cursors or self.store.take_side()):
+            return
+        if self.store_error and not self._closing and self.clock() < self._retry_at:
+            return
+        batch, cursors, side = list(self.backlog), self._backlog_cursors, self.store.take_side()
+        self._writing, self._backlog_cursors = max(len(batch), 1), {}
+        extra = {"side": side} if side else {}
+        self.writer.run(lambda: self.store.commit(batch, cursors, **extra),
+                        lambda done, err: self._written(batch, cursors, side, done, err))
+
+    def _written(self, batch: list[Event], cursors: dict[str, Mapping[str, str]],
+                 side: Mapping[tuple[str, str], tuple[Any, ...]], done: list[Event] | None,
+                 err: BaseException | None) -> None:
+        self._writing = 0
+        if self._waiters:
+            self._forget_waiters(batch if err is None else [])
+        if err is not None or done is None:
+            self._backlog_cursors = {**cursors, **self._backlog_cursors}
+            if len(self.backlog) > COMPACT_AT:
+                self.backlog = compact(self.backlog)
+            self._failed(err or RuntimeError("the write returned nothing"))
+            return
+        del self.backlog[:len(batch)]
+        self.store.settle_side(side)
         if self.store_error:
-            log.warning("event log writable again: committed %d held events (held for %.0fs)", len(events),
+            log.warning("event log writable again: committed %d held events (held for %.0fs)", len(batch),
                         self.clock() - (self.store_error_since or self.clock()))
-        self.backlog, self._backlog_cursors = [], {}
-        self.store_error, self.store_error_since = "", None
+            self.store_error, self.store_error_since = "", None
+            self.backlog.extend(self.policy.apply([STATE_RESOLVED], STORE_SOURCE, self.clock()))
         self.policy.committed(done)
         if done:
+            self.head = max(self.head, done[-1].seq)
             self.events_total += len(done)
             self.hub.publish(done)
             for listener in self.listeners:
                 listener(done)
-            for ev in done:
+            for before, ev in zip(batch, done, strict=True):
                 c = ev.condition
                 log.info("%s %s %s %s seq=%d: %s", ev.kind.name, c.severity.name, c.component, c.code, ev.seq,
                          c.message)
-        return done
+                if (fut := self._waiters.get(id(before))) is not None and not fut.done():
+                    fut.set_result(ev)
+        self._flush()  # what was decided while this write ran
 
-    def _held(self, events: list[Event], cursors: dict[str, Mapping[str, str]], err: Exception) -> None:
+    def _forget_waiters(self, resolving: list[Event]) -> None:
+        """Drop waiters whose event is no longer held (compacted away), except those this write resolves."""
+        live = {id(e) for e in self.backlog} | {id(e) for e in resolving}
+        for key in [k for k in self._waiters if k not in live]:
+            del self._waiters[key]
+
+    def _failed(self, err: BaseException) -> None:
         """Keep what could not be written; say so at once, then once a minute while it lasts."""
-        self.backlog = compact(events) if len(events) > COMPACT_AT else events
-        self._backlog_cursors = cursors
+        self._retry_at = self.clock() + RETRY_EVERY
+        self._store_problem(self.store.open_error if not self.store.writable and self.store.open_error
+                            else f"{type(err).__name__}: {err}")
+
+    def _watch_writer(self) -> None:
+        """A write that does not come back is a state disk that does not answer: say so while it hangs."""
+        busy = self.writer.busy_since
+        if busy is not None and (stuck := time.monotonic() - busy) >= STUCK_AFTER:
+            self._store_problem(f"a write to the event log has not returned for {stuck:.0f}s "
+                                "(the state disk is not responding)")
+        elif self.store_error:
+            self._store_problem(self.store_error)  # keeps the condition fresh while the problem lasts
+
+    def _store_problem(self, reason: str) -> None:
         now = self.clock()
         if not self.store_error:
             self.store_error_since = now
             self._last_error_log = 0.0
-        self.store_error = f"{type(err).__name__}: {err}"
-        if now - self._last_error_log >= ERROR_LOG_EVERY:
+        changed = reason != self.store_error
+        self.store_error = reason
+        held = len(self.backlog)
+        if changed and now - self._last_error_log >= ERROR_LOG_EVERY:
             log.error("cannot write the event log (%s): %d events held in memory, retried every second; "
-                      "GetVerdict stays current, Watch streams wait", self.store_error, len(self.backlog))
+                      "GetVerdict stays current, Watch streams wait", reason, held)
             self._last_error_log = now
+        finding = Finding(component=STORE_COMPONENT, code=STATE_CODE, kind=FindingKind.STATE,
+                          message=f"the event log in {self.store.state_dir} cannot be written: {reason}",
+                          evidence={"error": reason, "state_dir": self.store.state_dir})
+        self.backlog.extend(self.policy.apply([finding], STORE_SOURCE, now))
+        for listener in self.listeners:
+            listener([])  # the conditions changed even though the log did not
+
+    async def close(self, timeout: float) -> bool:
+        """Write what is held, for at most `timeout` seconds; False if something could not be written."""
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            self._flush()
+            if not self._writing and not self.backlog and not self.store.take_side():
+                break
+            await asyncio.sleep(0.02)
+        clean = not self.backlog and not self._writing
+        stopped = self.writer.stop(max(0.0, deadline - loop.time()))
+        if not clean:
+            log.error("stopping with %d events not written to the event log (%s); the checks will report "
+                      "standing faults again after the restart", len(self.backlog),
+                      self.store_error or "the write did not finish in time")
+        self.store.close(writer=stopped)
+        return clean and stopped
+
+    async def settled(self, timeout: float = SETTLE_WAIT) -> bool:
+        """Wait (at most `timeout`) until what was decided before this call is written, so an answer from
+        memory carries the seqs the log gave; a stuck or failing disk only delays it by `timeout`."""
+        if not self.backlog:
+            return True
+        if self.store_error:  # it will not be written soon: answer from memory now
+            return False
+        fut = self._waiters.get(id(last := self.backlog[-1]))
+        if fut is None:
+            fut = self._waiters[id(last)] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return True
+        except TimeoutError:
+            return False
 
     def snapshot(self) -> tuple[list[Condition], int]:
-        """The standing conditions (by seq) and the newest seq, read together."""
+        """The standing conditions (by seq) and the newest seq, read together, from memory."""
         conds = sorted(self.policy.conditions.values(), key=lambda c: c.seq)
-        return conds, self.store.head_seq()
+        return conds, self.head

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -35,22 +35,36 @@ class StateCollector(Collector):
         events = CounterMetricFamily("robustd_events", "Events committed since start")
         events.add_metric([], self.engine.events_total)
         yield events
+        writable = GaugeMetricFamily("robustd_event_log_writable", "1 while the event log takes writes, 0 while "
+                                     "it is full, read-only or not responding (changes then wait in memory)")
+        writable.add_metric([], 0 if self.engine.store_error else 1)
+        yield writable
+        held = GaugeMetricFamily("robustd_events_held", "Decided changes not yet written to the event log")
+        held.add_metric([], len(self.engine.backlog))
+        yield held
         dur = GaugeMetricFamily("robustd_check_duration_seconds", "Duration of each check's last poll",
                                 labels=["check"])
         runs = CounterMetricFamily("robustd_check_runs", "Polls or watcher batches completed", labels=["check"])
         fails = CounterMetricFamily("robustd_check_failures", "Check errors and timeouts", labels=["check"])
+        overruns = CounterMetricFamily("robustd_kmsg_overruns", "Times the kernel log ring overran the kernel "
+                                       "check's reader (records were lost)")
+        lost = CounterMetricFamily("robustd_kmsg_records_lost", "Kernel log records lost to ring overruns")
         for st in self.checks():
             if st.last_duration is not None:
                 dur.add_metric([st.name], st.last_duration)
             runs.add_metric([st.name], st.runs)
             fails.add_metric([st.name], st.failures)
-        yield from (dur, runs, fails)
+            if st.name == "kernel":
+                overruns.add_metric([], getattr(st.check, "overruns", 0))
+                lost.add_metric([], getattr(st.check, "records_lost", 0))
+        yield from (dur, runs, fails, overruns, lost)
 
 
-def serve(address: str, collector: Collector) -> CollectorRegistry:
-    """Start the /metrics endpoint on host:port in a background thread."""
+def serve(address: str, collector: Collector) -> Any:
+    """Start the /metrics endpoint on host:port in a daemon thread; returns the HTTP server (to close it).
+    Raises OSError when the address cannot be listened on."""
     host, _, port = address.rpartition(":")
     registry = CollectorRegistry()
     registry.register(collector)
-    start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
-    return registry
+    server, _thread = start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=registry)
+    return server

@@ -14,6 +14,7 @@ DEFAULT_SYS = "/sys"
 DEFAULT_DEV = "/dev"
 DEFAULT_KMSG = "/dev/kmsg"
 DEFAULT_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+PROC_LOCKS = "/proc/locks"  # the kernel's file locks (who holds a state directory); always the real host's
 DEFAULT_CONFIG = "/etc/robustd/robustd.yaml"
 DEFAULT_SOCKET = "/run/robustd/robustd.sock"
 DEFAULT_STATE_DIR = "/var/lib/robustd"

@@ -24,6 +24,7 @@ log = logging.getLogger("robustd.runner")
 Sink = Callable[[Report], Any]
 ContextFactory = Callable[[Check, CheckConfig], CheckContext]
 WATCH_RETRY = 5.0
+CLOSE_TIMEOUT = 0.4  # stopping the checks (at shutdown and reload) never waits longer than this
 
 
 @dataclass
@@ -96,19 +97,34 @@ class Runner:
         self.tasks.append(asyncio.get_running_loop().create_task(self._heartbeat(), name="runner-heartbeat"))
 
     async def stop(self) -> None:
+        """Cancel every loop and close the watchers, all within CLOSE_TIMEOUT: a loop or a close that hangs
+        is left behind (logged), never waited for; stuck poll threads are daemon threads."""
         for t in self.tasks:
             t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        _, hung = await asyncio.wait(self.tasks, timeout=CLOSE_TIMEOUT) if self.tasks else (set(), set())
+        for t in hung:
+            log.warning("check loop %s ignored cancellation; left behind", t.get_name())
         self.tasks.clear()
+        closing = []
         for st in self.states:
             if st.worker is not None:
                 st.worker.stop()  # a stuck one never reads this; it is a daemon thread
                 st.worker = None
             if st.check.mode in ("watch", "both") and st.status not in ("DISABLED", "UNSUPPORTED"):
-                try:
-                    await st.check.close()
-                except Exception:  # noqa: BLE001 - closing must not stop shutdown
-                    log.exception("closing check %s", st.name)
+                closing.append(asyncio.ensure_future(self._close(st)))
+        if closing:
+            _, hung = await asyncio.wait(closing, timeout=CLOSE_TIMEOUT)
+            for t in hung:
+                t.cancel()
+
+    @staticmethod
+    async def _close(st: CheckState) -> None:
+        try:
+            await asyncio.wait_for(st.check.close(), CLOSE_TIMEOUT)
+        except TimeoutError:
+            log.warning("check %s did not close within %gs; left behind", st.name, CLOSE_TIMEOUT)
+        except Exception:  # noqa: BLE001 - closing must not stop shutdown
+            log.exception("closing check %s", st.name)
 
     async def _heartbeat(self) -> None:
         while True:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import urllib.parse
 from dataclasses import asdict
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
+from robustd import bounds
 from robustd.model import Action, Condition, Event, EventKind, Severity
 
 SCHEMA = """
@@ -65,112 +67,218 @@ def condition_from_json(text: str) -> Condition:
 
 
 class Store:
+    """The event log. Reads use one connection (the event-loop thread); writes use another, and in the
+    daemon run on the writer thread (robustd/writer.py), so a stuck disk stalls only that thread: an open
+    reader in WAL mode keeps answering from what is committed.
+
+    If the state directory cannot be written at start (a read-only or missing mount), the store opens
+    what it can read (read-only) and every write first retries opening it for writing; the engine holds
+    the events in memory meanwhile. Small keyed writes (diagnostic reports, goldens, metadata) wait in
+    `_side` until a commit carries them, and reads see them at once.
+    """
+
     def __init__(self, state_dir: str):
-        os.makedirs(state_dir, mode=0o750, exist_ok=True)
+        self.state_dir = state_dir
         self.path = os.path.join(state_dir, "robustd.db")
-        self.db = sqlite3.connect(self.path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")  # committed means on disk, even across power loss
-        self.db.executescript(SCHEMA)
+        self.db: sqlite3.Connection | None = None  # reads
+        self._wdb: sqlite3.Connection | None = None  # writes (one thread at a time: the writer)
+        self.open_error = ""  # why the log is not open for writing; "" once it is
+        self._side: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self.wants_flush: Callable[[], None] | None = None  # set by the engine: side writes wait for its commit
+        try:
+            self.open()
+        except (sqlite3.Error, OSError):
+            self._open_read_only()
 
-    def close(self) -> None:
-        self.db.close()
+    @property
+    def writable(self) -> bool:
+        return self._wdb is not None
 
-    # -- writes --------------------------------------------------------------------------------
-    def commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None) -> list[Event]:
-        """Write events (and cursors) in one transaction; return the events with their seqs."""
+    def open(self) -> None:
+        """Open (or create) the log for writing; raises if the state directory cannot be written."""
+        if self._wdb is not None:
+            return
+        try:
+            os.makedirs(self.state_dir, mode=0o750, exist_ok=True)
+            w = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (sqlite3.Error, OSError) as e:
+            self.open_error = _why_unwritable(self.state_dir, e)
+            raise
+        try:
+            w.execute("PRAGMA journal_mode=WAL")
+            w.execute("PRAGMA synchronous=FULL")  # committed means on disk, even across power loss
+            w.executescript(SCHEMA)
+            w.execute("BEGIN IMMEDIATE")  # proves the file (and its -wal) can be written, not only read
+            w.execute("COMMIT")
+            r = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except BaseException as e:
+            w.close()
+            self.open_error = _why_unwritable(self.state_dir, e)
+            raise
+        old, self.db, self._wdb = self.db, r, w
+        if old is not None:
+            old.close()
+        self.open_error = ""
+
+    def _open_read_only(self) -> None:
+        """Whatever of an existing log can be read (standing conditions, cursors) while it cannot be written."""
+        if not os.path.exists(self.path):
+            return
+        for mode in ("ro", "immutable=1"):  # immutable: a WAL database whose -shm cannot be created
+            uri = f"file:{urllib.parse.quote(self.path)}?{'mode=ro' if mode == 'ro' else mode}"
+            try:
+                db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                db.execute("SELECT COUNT(*) FROM conditions").fetchone()
+            except sqlite3.Error:
+                continue
+            self.db = db
+            return
+
+    def close(self, writer: bool = True) -> None:
+        """Close the connections; `writer=False` leaves the write connection to a writer thread still in it."""
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+        if writer and self._wdb is not None:
+            self._wdb.close()
+            self._wdb = None
+
+    # -- writes (the writer thread) ------------------------------------------------------------
+    def commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None,
+               side: Mapping[tuple[str, str], tuple[Any, ...]] | None = None) -> list[Event]:
+        """Write events, cursors and side writes in one transaction; return the events with their seqs."""
+        self.open()
+        db = self._wdb
+        assert db is not None
         out: list[Event] = []
-        with self._tx():
+        with _Tx(db):
             for ev in events:
-                c = ev.condition
-                cur = self.db.execute(
+                c = bounds.condition(ev.condition)  # never write an event too big to send (bounds.py)
+                cur = db.execute(
                     "INSERT INTO events (at, kind, component, code, severity, boot_id, condition)"
                     " VALUES (?, ?, ?, ?, ?, ?, '')",
                     (ev.at, int(ev.kind), c.component, c.code, int(c.severity), c.boot_id))
                 seq = int(cur.lastrowid or 0)
                 c = c.with_seq(seq, ev.at)
-                self.db.execute("UPDATE events SET condition = ? WHERE seq = ?", (condition_to_json(c), seq))
+                db.execute("UPDATE events SET condition = ? WHERE seq = ?", (condition_to_json(c), seq))
                 if ev.kind is EventKind.CLEARED:
-                    self.db.execute("DELETE FROM conditions WHERE component = ? AND code = ?", c.key)
+                    db.execute("DELETE FROM conditions WHERE component = ? AND code = ?", c.key)
                 else:
-                    self.db.execute("INSERT OR REPLACE INTO conditions VALUES (?, ?, ?, ?)",
-                                    (c.component, c.code, seq, condition_to_json(c)))
+                    db.execute("INSERT OR REPLACE INTO conditions VALUES (?, ?, ?, ?)",
+                               (c.component, c.code, seq, condition_to_json(c)))
                 out.append(Event(ev.kind, c, ev.at, seq))
             for name, cursor in (cursors or {}).items():
-                self.db.execute("INSERT OR REPLACE INTO cursors VALUES (?, ?)", (name, json.dumps(dict(cursor))))
+                db.execute("INSERT OR REPLACE INTO cursors VALUES (?, ?)", (name, json.dumps(dict(cursor))))
+            for (kind, key), value in (side or {}).items():
+                _SIDE_WRITES[kind](db, key, *value)
         return out
-
-    def set_meta(self, key: str, value: str) -> None:
-        with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def prune(self, now: float, max_age: float, max_events: int) -> int:
         """Drop events past retention; remember how far, so a Watch from before gets OUT_OF_RANGE."""
-        head = self.head_seq()
-        with self._tx():
-            row = self.db.execute("SELECT MAX(seq) FROM events WHERE at < ? OR seq <= ?",
-                                  (now - max_age, head - max_events)).fetchone()
+        self.open()
+        db = self._wdb
+        assert db is not None
+        with _Tx(db):
+            head = _head_seq(db)
+            row = db.execute("SELECT MAX(seq) FROM events WHERE at < ? OR seq <= ?",
+                             (now - max_age, head - max_events)).fetchone()
             upto = int(row[0] or 0)
-            if upto <= self.pruned_through():
+            done = db.execute("SELECT value FROM meta WHERE key = 'pruned_through'").fetchone()
+            if upto <= int(done[0] if done else 0):
                 return 0
-            n = self.db.execute("DELETE FROM events WHERE seq <= ?", (upto,)).rowcount
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_through', ?)", (str(upto),))
+            n = db.execute("DELETE FROM events WHERE seq <= ?", (upto,)).rowcount
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_through', ?)", (str(upto),))
         return n
+
+    # -- side writes: recorded now, written with the next commit ------------------------------
+    def set_meta(self, key: str, value: str) -> None:
+        self._side_write(("meta", key), (value,))
 
     def save_report(self, report_id: str, started: float, outcome: int, blob: bytes, keep: int) -> None:
         """Insert or replace one diagnostic report; keep the newest `keep`."""
-        with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO diagnostics VALUES (?, ?, ?, ?)",
-                            (report_id, started, outcome, blob))
-            self.db.execute("DELETE FROM diagnostics WHERE id NOT IN "
-                            "(SELECT id FROM diagnostics ORDER BY started DESC LIMIT ?)", (keep,))
+        self._side_write(("report", report_id), (started, outcome, blob, keep))
 
     def set_golden(self, key: str, digest: str, report_id: str, at: float) -> None:
-        with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO goldens VALUES (?, ?, ?, ?)", (key, digest, report_id, at))
+        self._side_write(("golden", key), (digest, report_id, at))
+
+    def _side_write(self, key: tuple[str, str], value: tuple[Any, ...]) -> None:
+        self._side[key] = value
+        if self.wants_flush is not None:
+            self.wants_flush()
+        else:  # no engine drives this store (tools, tests): write at once
+            side = self.take_side()
+            self.commit([], None, side)
+            self.settle_side(side)
+
+    def take_side(self) -> dict[tuple[str, str], tuple[Any, ...]]:
+        """The side writes not yet on disk, for one commit."""
+        return dict(self._side)
+
+    def settle_side(self, written: Mapping[tuple[str, str], tuple[Any, ...]]) -> None:
+        """Forget what a commit wrote, unless it was replaced meanwhile."""
+        for key, value in written.items():
+            if self._side.get(key) is value:
+                del self._side[key]
 
     # -- reads ---------------------------------------------------------------------------------
+    def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
+        if self.db is None:  # nothing could be opened (no log yet on a read-only disk)
+            return []
+        return self.db.execute(sql, args).fetchall()
+
     def meta(self, key: str) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        if ("meta", key) in self._side:
+            return str(self._side[("meta", key)][0])
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
+        return None if not rows else str(rows[0][0])
 
     def cursor(self, check: str) -> dict[str, str]:
-        row = self.db.execute("SELECT cursor FROM cursors WHERE check_name = ?", (check,)).fetchone()
-        return {} if row is None else dict(json.loads(row[0]))
+        rows = self._rows("SELECT cursor FROM cursors WHERE check_name = ?", (check,))
+        return {} if not rows else dict(json.loads(rows[0][0]))
 
     def conditions(self) -> list[Condition]:
-        return [condition_from_json(r[0]) for r in self.db.execute("SELECT condition FROM conditions ORDER BY seq")]
+        return [condition_from_json(r[0]) for r in self._rows("SELECT condition FROM conditions ORDER BY seq")]
 
     def report(self, report_id: str) -> bytes | None:
-        row = self.db.execute("SELECT report FROM diagnostics WHERE id = ?", (report_id,)).fetchone()
-        return None if row is None else bytes(row[0])
+        if ("report", report_id) in self._side:
+            return bytes(self._side[("report", report_id)][2])
+        rows = self._rows("SELECT report FROM diagnostics WHERE id = ?", (report_id,))
+        return None if not rows else bytes(rows[0][0])
 
     def reports(self, limit: int, outcome: int | None = None) -> list[bytes]:
         """Newest first."""
-        if outcome is None:
-            rows = self.db.execute("SELECT report FROM diagnostics ORDER BY started DESC LIMIT ?", (limit,))
-        else:
-            rows = self.db.execute("SELECT report FROM diagnostics WHERE outcome = ? ORDER BY started DESC LIMIT ?",
-                                   (outcome, limit))
-        return [bytes(r[0]) for r in rows]
+        sql, args = "SELECT id, started, outcome, report FROM diagnostics", [limit + len(self._side)]
+        if outcome is not None:
+            sql, args = sql + " WHERE outcome = ?", [outcome, *args]
+        found = {str(r[0]): (float(r[1]), int(r[2]), bytes(r[3]))
+                 for r in self._rows(sql + " ORDER BY started DESC LIMIT ?", args)}
+        for (kind, key), value in self._side.items():
+            if kind == "report":
+                found[key] = (float(value[0]), int(value[1]), bytes(value[2]))
+        rows = sorted(found.values(), key=lambda r: r[0], reverse=True)
+        return [blob for _started, out, blob in rows if outcome is None or out == outcome][:limit]
 
     def goldens(self) -> list[tuple[str, str, str, float]]:
-        return [tuple(r) for r in self.db.execute("SELECT key, digest, report_id, at FROM goldens ORDER BY key")]
+        found = {str(r[0]): (str(r[1]), str(r[2]), float(r[3]))
+                 for r in self._rows("SELECT key, digest, report_id, at FROM goldens")}
+        for (kind, key), value in self._side.items():
+            if kind == "golden":
+                found[key] = (str(value[0]), str(value[1]), float(value[2]))
+        return [(k, *found[k]) for k in sorted(found)]
 
     def head_seq(self) -> int:
-        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-        return 0 if row is None else int(row[0])
+        return 0 if self.db is None else _head_seq(self.db)
 
     def pruned_through(self) -> int:
         return int(self.meta("pruned_through") or 0)
 
     def oldest_seq(self) -> int:
-        row = self.db.execute("SELECT MIN(seq) FROM events").fetchone()
-        return int(row[0] or 0)
+        rows = self._rows("SELECT MIN(seq) FROM events")
+        return int(rows[0][0] or 0) if rows else 0
 
     def events_after(self, seq: int, limit: int = 500) -> list[Event]:
-        rows = self.db.execute("SELECT seq, at, kind, condition FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
-                               (seq, limit))
+        rows = self._rows("SELECT seq, at, kind, condition FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                          (seq, limit))
         return [self._event(r) for r in rows]
 
     def query(self, *, since: float | None, component: str, min_severity: int, limit: int,
@@ -189,21 +297,56 @@ class Store:
             args.append(component)
         sql += " ORDER BY seq DESC LIMIT ?"
         args.append(limit)
-        return [self._event(r) for r in reversed(self.db.execute(sql, args).fetchall())]
+        return [self._event(r) for r in reversed(self._rows(sql, args))]
 
     def boots_with(self, component: str, code: str, current_boot: str) -> int:
         """In how many earlier boots this fault was raised (for reboot escalation)."""
-        row = self.db.execute("SELECT COUNT(DISTINCT boot_id) FROM events WHERE component = ? AND code = ?"
-                              " AND kind = ? AND boot_id != ?",
-                              (component, code, int(EventKind.RAISED), current_boot)).fetchone()
-        return int(row[0])
+        rows = self._rows("SELECT COUNT(DISTINCT boot_id) FROM events WHERE component = ? AND code = ?"
+                          " AND kind = ? AND boot_id != ?", (component, code, int(EventKind.RAISED), current_boot))
+        return int(rows[0][0]) if rows else 0
 
     @staticmethod
     def _event(row: tuple[Any, ...]) -> Event:
         return Event(EventKind(row[2]), condition_from_json(row[3]), float(row[1]), int(row[0]))
 
-    def _tx(self) -> _Tx:
-        return _Tx(self.db)
+
+def _why_unwritable(state_dir: str, err: BaseException) -> str:
+    """SQLite says "unable to open database file"; name the cause an operator can act on."""
+    detail = f"{type(err).__name__}: {err}"
+    path = os.path.abspath(state_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return f"{state_dir} is on a read-only file system ({detail})"
+    except OSError:
+        pass
+    if not os.access(path, os.W_OK):
+        return f"{state_dir} is not writable by robustd ({detail})"
+    return detail
+
+
+def _head_seq(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _write_meta(db: sqlite3.Connection, key: str, value: str) -> None:
+    db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+
+def _write_report(db: sqlite3.Connection, report_id: str, started: float, outcome: int, blob: bytes,
+                  keep: int) -> None:
+    db.execute("INSERT OR REPLACE INTO diagnostics VALUES (?, ?, ?, ?)", (report_id, started, outcome, blob))
+    db.execute("DELETE FROM diagnostics WHERE id NOT IN (SELECT id FROM diagnostics ORDER BY started DESC LIMIT ?)",
+               (keep,))
+
+
+def _write_golden(db: sqlite3.Connection, key: str, digest: str, report_id: str, at: float) -> None:
+    db.execute("INSERT OR REPLACE INTO goldens VALUES (?, ?, ?, ?)", (key, digest, report_id, at))
+
+
+_SIDE_WRITES: dict[str, Callable[..., None]] = {"meta": _write_meta, "report": _write_report, "golden": _write_golden}
 
 
 class _Tx:

@@ -47,7 +47,10 @@ def test_held_events_are_compacted_and_replay_to_the_same_conditions(tmp_path: P
             engine.tick()  # the flap's hold-down has passed: CLEARED, held too
     assert engine.store_error == "OperationalError: database or disk is full"
     assert len(engine.backlog) <= COMPACT_AT + 1
-    kinds = [(e.kind, e.condition.code) for e in engine.backlog]
+    # robustd's own problem is a condition too, held like the rest (it says why nothing is written).
+    assert (EventKind.RAISED, "STATE_UNWRITABLE") in [(e.kind, e.condition.code) for e in engine.backlog]
+    assert policy.conditions[("check/store", "STATE_UNWRITABLE")].evidence["error"] == engine.store_error
+    kinds = [(e.kind, e.condition.code) for e in engine.backlog if e.condition.code != "STATE_UNWRITABLE"]
     assert kinds[:2] == [(EventKind.RAISED, "LINK_FLAP"), (EventKind.RAISED, "XID_13")]
     assert (EventKind.CLEARED, "LINK_FLAP") in kinds
     assert policy.conditions[("gpu/0", "XID_13")].count == 3 * COMPACT_AT
@@ -57,8 +60,11 @@ def test_held_events_are_compacted_and_replay_to_the_same_conditions(tmp_path: P
     clock.now += 1
     engine.tick()
     assert engine.store_error == "" and engine.backlog == []
+    assert ("check/store", "STATE_UNWRITABLE") not in policy.conditions  # cleared once the log is written
     stored = {c.key: c for c in store.conditions()}
     assert stored.keys() == policy.conditions.keys() == {("gpu/0", "XID_13")}
     assert stored[("gpu/0", "XID_13")].count == policy.conditions[("gpu/0", "XID_13")].count
-    assert stored[("gpu/0", "XID_13")].seq == policy.conditions[("gpu/0", "XID_13")].seq == store.head_seq()
+    assert stored[("gpu/0", "XID_13")].seq == policy.conditions[("gpu/0", "XID_13")].seq == store.head_seq() - 1
+    last = store.events_after(store.head_seq() - 1)[0]  # written after the held ones: the problem is over
+    assert (last.kind, last.condition.code) == (EventKind.CLEARED, "STATE_UNWRITABLE")
     store.close()

@@ -16,7 +16,7 @@ from robustd import bounds
 from robustd.api import convert, requests
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.engine import Engine
+from robustd.engine import Engine, NotWritten
 from robustd.model import Event, EventKind, Severity, worst
 from robustd.runner import CheckState
 from robustd.store import iter_batches
@@ -34,6 +34,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         self._serialised = convert.SerialisedConditions()
 
     async def GetVerdict(self, request: pb.GetVerdictRequest, context: grpc.aio.ServicerContext) -> pb.Verdict:
+        await self.engine.settled()  # writes in flight get their seqs first; a stuck disk delays this little
         conds, head = self.engine.snapshot()
         severity, action = worst(conds)
         v = pb.Verdict(node=self.node, severity=int(severity), action=int(action), seq=head, at=convert.ts(time.time()),
@@ -67,6 +68,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             limit = requests.send_limit()
             if last == 0:
+                await self.engine.settled()
                 conds, head = self.engine.snapshot()
                 for c in conds:
                     yield convert.event_within(Event(EventKind.RAISED, c, c.changed_at, c.seq), limit, snapshot=True)
@@ -94,6 +96,8 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                         last = ev.seq
                     continue
                 if sub.queue.empty():
+                    if sub.closed:  # the daemon is stopping: end the stream; the client resumes by seq
+                        return
                     sub.wake.clear()
                     await sub.wake.wait()
                     continue
@@ -154,8 +158,10 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         except requests.Invalid as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            ev = self.engine.acknowledge(request.component, request.code, request.reason or "acknowledged")
+            ev = await self.engine.acknowledge(request.component, request.code, request.reason or "acknowledged")
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no standing condition {bounds.echo(request.code)} "
                                 f"on {bounds.echo(request.component)}")
+        except NotWritten as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.AcknowledgeResponse(event=convert.event_within(ev, requests.send_limit()))
