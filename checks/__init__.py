@@ -1,15 +1,36 @@
-"""Built-in checks, in the order the runner starts them. Nothing registers itself at import."""
+"""Built-in checks, in the order the runner starts them. Nothing registers itself at import.
+
+The live checks are imported on first use (`BUILTIN`, or one of the class names below), not with
+the package: the stop-time children run as `python -m checks.stoptime.<test>` under
+`diagnostics.python`, an interpreter that has torch but need not have the daemon's own packages
+(pynvml, pyroute2, pydantic), and importing this package must not require them.
+"""
 
 from __future__ import annotations
 
-from checks.gpu import GpuCheck
-from checks.host import HostCheck
-from checks.kernel import KernelCheck
-from checks.nic import NicCheck
-from checks.pcie import PcieCheck
-from checks.thermal import ThermalCheck
-from robustd.check import Check
+import importlib
+from typing import TYPE_CHECKING, Any
 
-BUILTIN: list[type[Check]] = [KernelCheck, NicCheck, GpuCheck, PcieCheck, ThermalCheck, HostCheck]
+if TYPE_CHECKING:
+    from checks.gpu import GpuCheck
+    from checks.host import HostCheck
+    from checks.kernel import KernelCheck
+    from checks.nic import NicCheck
+    from checks.pcie import PcieCheck
+    from checks.thermal import ThermalCheck
+    from robustd.check import Check
+
+    BUILTIN: list[type[Check]]
+
+_MODULES = {"KernelCheck": "checks.kernel", "NicCheck": "checks.nic", "GpuCheck": "checks.gpu",
+            "PcieCheck": "checks.pcie", "ThermalCheck": "checks.thermal", "HostCheck": "checks.host"}
 
 __all__ = ["BUILTIN", "KernelCheck", "NicCheck", "GpuCheck", "PcieCheck", "ThermalCheck", "HostCheck"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BUILTIN":
+        return [__getattr__(n) for n in _MODULES]
+    if name in _MODULES:
+        return getattr(importlib.import_module(_MODULES[name]), name)
+    raise AttributeError(f"module 'checks' has no attribute {name!r}")

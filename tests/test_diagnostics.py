@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -130,6 +131,31 @@ def test_a_child_that_cannot_import_torch_is_an_error(make_daemon: Any, python_w
     for x in report.results:
         assert x.message.startswith(f"{x.test} could not run: ") and "torch is not usable here" in x.message, x
     assert_error_not_fail(d, report)
+
+
+@pytest.fixture
+def python_with_torch_only(tmp_path: Path) -> str:
+    """The interpreter README's install section gives the children: torch, but none of the daemon's own
+    packages (a separate venv). Stand-ins that raise ImportError shadow them, for the child and its ranks."""
+    shadow = tmp_path / "shadow"
+    for name in ("pynvml", "pydantic", "pyroute2", "yaml", "grpc", "psutil", "prometheus_client", "google"):
+        (shadow / name).mkdir(parents=True)
+        (shadow / name / "__init__.py").write_text(f'raise ImportError("no {name} in this venv")\n')
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shadow}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_children_run_on_an_interpreter_with_torch_only(make_daemon: Any, python_with_torch_only: str) -> None:
+    """Importing `checks` used to import every live check (pynvml, pydantic, ...): under a torch-only venv
+    every stop-time test died before it started."""
+    d = diag_daemon(make_daemon, diagnostics={"python": python_with_torch_only,
+                                              "collectives": {"cpu_ranks": 2, "timeout": "40s"},
+                                              "minigpt": {"steps": 2}})
+    _, report = run(d, tests=["all_to_all", "minigpt"], stop_on_failure=False)
+    assert report.outcome == pb.OUTCOME_PASS, report
+    assert {x.test for x in report.results if x.status == pb.RESULT_PASS} == {"all_to_all", "minigpt"}
 
 
 def test_a_missing_interpreter_is_an_error(make_daemon: Any) -> None:
