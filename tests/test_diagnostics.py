@@ -92,6 +92,18 @@ def test_missing_dcgmi_is_an_error_never_pass(make_daemon: Any) -> None:
     assert_error_not_fail(d, report)
 
 
+def test_a_test_that_cannot_run_does_not_stop_the_next(make_daemon: Any) -> None:
+    """stop_on_failure (the default) stops after hardware evidence, not after a harness ERROR: a host
+    without DCGM still gets its all-to-all."""
+    d = diag_daemon(make_daemon, diagnostics={"eud": {"command": ["/nonexistent/dcgmi", "diag", "-j"]},
+                                              "collectives": {"cpu_ranks": 2, "timeout": "40s"}})
+    _, report = run(d, tests=["eud", "all_to_all"])
+    assert [(x.test, x.status) for x in report.results if x.component == "host"][:1] == [("eud", pb.RESULT_ERROR)]
+    assert {x.test for x in report.results if x.status == pb.RESULT_PASS} == {"all_to_all"}
+    assert report.outcome == pb.OUTCOME_ERROR  # not everything asked for could be tested
+    assert diag_conditions(d) == []
+
+
 def test_make_run_relative_state_dir_standard_level_passes(make_daemon: Any) -> None:
     # `make run`: state_dir ./var, relative to the daemon's working directory. It once became the
     # rendezvous URL file://./var/..., read as /var/...: every rank waited, and a FAIL blamed the machine.
