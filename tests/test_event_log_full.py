@@ -4,26 +4,21 @@ events reach the log and Watch once space is back. Real tmpfs, real SQLite, real
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need_root, plugin_env
+from conftest import plugin_env, tmpfs
 
 from robustd.api.v1 import robustd_pb2 as pb
 
 
 @pytest.fixture
 def small_disk(short_tmp: Path) -> Iterator[Path]:
-    need_root("mounting a tmpfs")
-    mnt = short_tmp / "disk"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(short_tmp / "disk", "2m") as mnt:
+        yield mnt
 
 
 def fill(disk: Path) -> Path:

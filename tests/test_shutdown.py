@@ -36,16 +36,22 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build.build_emulator(str(tmp_path_factory.mktemp("nvmlemu")))
 
 
+def exit_status(d: Daemon, after: str) -> int:
+    """The daemon's exit status within 15 s; a daemon still running then is killed and the test fails."""
+    assert d.proc is not None
+    try:
+        return d.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+        d.proc.wait(5)
+        raise AssertionError(f"robustd still running 15 s after {after}:\n{d.log()}") from None
+
+
 def timed_stop(d: Daemon, sig: int = signal.SIGTERM) -> tuple[int, float]:
     assert d.proc is not None
     t0 = time.monotonic()
     d.proc.send_signal(sig)
-    try:
-        code = d.proc.wait(15)
-    except subprocess.TimeoutExpired:
-        d.proc.kill()
-        d.proc.wait(5)
-        raise AssertionError(f"robustd still running 15 s after signal {sig}:\n{d.log()}") from None
+    code = exit_status(d, f"signal {sig}")
     return code, time.monotonic() - t0
 
 
@@ -146,13 +152,7 @@ def test_sigint_also_stops_within_2s(make_daemon: Any, short_tmp: Path, lib: str
 def start_failure(d: Daemon) -> tuple[int, float, list[str]]:
     t0 = time.monotonic()
     d.start(wait=False)
-    assert d.proc is not None
-    try:
-        code = d.proc.wait(15)
-    except subprocess.TimeoutExpired:
-        d.proc.kill()
-        d.proc.wait(5)
-        raise AssertionError(f"a daemon whose start failed is still running after 15 s:\n{d.log()}") from None
+    code = exit_status(d, "a failed start")
     took = time.monotonic() - t0
     d.stop()
     return code, took, [line for line in d.log().splitlines() if line.strip()]

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Daemon, free_port, need_root, plugin_env
+from conftest import Daemon, free_port, need_root, plugin_env, tmpfs
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
@@ -37,12 +37,8 @@ def ext4_disk(short_tmp: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def tmpfs_disk(short_tmp: Path) -> Iterator[Path]:
-    need_root("mounting a tmpfs")
-    mnt = short_tmp / "ro"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], check=True)
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(short_tmp / "ro", "16m") as mnt:
+        yield mnt
 
 
 def tick_daemon(make_daemon: Any, short_tmp: Path, state_dir: Path, flag: Path, **config: Any) -> Daemon:
