@@ -291,3 +291,19 @@ def test_render_without_daemon() -> None:
     assert render.verdict_summary(pb.Verdict(node="n1", severity=pb.SEVERITY_OK, action=pb.ACTION_NONE)) \
         == "node n1: OK, 0 conditions, seq 0"
     assert json.loads(render.to_json(v))["conditions"][0]["action"] == "ACTION_REBOOT"
+
+
+def test_a_verdict_or_event_list_cut_at_the_message_limit_says_so() -> None:
+    """A verdict abridged to fit listen.max_message_bytes, or a ListEvents page cut at it, must not read as
+    the whole story to the operator."""
+    from robustd.api.v1 import robustd_pb2 as pb
+    from robustd.cli import render
+
+    v = pb.Verdict(node="n1", severity=pb.SEVERITY_CRITICAL, action=pb.ACTION_REBOOT, conditions_omitted=12,
+                   conditions_trimmed=3)
+    assert "TOO BIG TO SEND WHOLE: 12 conditions left out, 3 shown without evidence or message" in \
+        render.verdict_summary(v)
+    ev = pb.Event(seq=41, kind=pb.EVENT_KIND_RAISED, condition=pb.Condition(component="host", code="X"))
+    text = render.events_text(pb.ListEventsResponse(events=[ev], truncated=True, next_after_seq=41), width=100)
+    assert "cut at the message limit: 1 event shown; newer ones follow seq 41" in text
+    assert "cut at" not in render.events_text(pb.ListEventsResponse(events=[ev]), width=100)

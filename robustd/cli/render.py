@@ -185,6 +185,9 @@ def verdict_summary(v: pb.Verdict) -> str:
     if v.event_log_error:
         out.append(f"EVENT LOG NOT WRITABLE: {v.event_log_error}; {plural(v.events_held, 'change')} held in memory "
                    "(conditions below are current)")
+    if v.conditions_omitted or v.conditions_trimmed:
+        out.append(f"TOO BIG TO SEND WHOLE: {plural(v.conditions_omitted, 'condition')} left out, "
+                   f"{v.conditions_trimmed} shown without evidence or message (the severity counts them all)")
     return lines(out)
 
 
@@ -214,7 +217,9 @@ def events_text(resp: pb.ListEventsResponse, width: int = DEFAULT_WIDTH) -> str:
     rows = [[local_time(e.at), str(e.seq), kind_name(e.kind), severity_name(e.condition.severity),
              e.condition.component, e.condition.code, e.condition.message] for e in resp.events]
     headers = ["TIME", "SEQ", "KIND", "SEVERITY", "COMPONENT", "CODE", "MESSAGE"]
-    return table(headers, rows, width)
+    more = (f"\n(cut at the message limit: {plural(len(resp.events), 'event')} shown; newer ones follow seq "
+            f"{resp.next_after_seq}, e.g. robustctl watch --from-seq {resp.next_after_seq})" if resp.truncated else "")
+    return table(headers, rows, width) + more
 
 
 def checks_text(resp: pb.ListChecksResponse, now: float, width: int = DEFAULT_WIDTH) -> str:
