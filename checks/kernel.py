@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from checks.kernel_rules import SHIPPED_RULES, RuleError, RuleSet, clip_line, load_rules
+from checks.kernel_rules import SHIPPED_RULE_FILES, RuleError, RuleSet, clip_line, load_rules
 from checks.kmsg import KmsgReader, KmsgRecord, Overrun
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule
@@ -54,7 +54,7 @@ class KernelConfig(CheckConfig):
         """A bad extra rule file is a config error (so a reload with one is rejected whole)."""
         if paths:
             try:
-                load_rules([SHIPPED_RULES, *paths])
+                load_rules([*SHIPPED_RULE_FILES, *paths])
             except RuleError as e:
                 raise ValueError("; ".join(e.problems)) from e
         return paths
@@ -89,7 +89,7 @@ class KernelCheck(Check):
     def load_ruleset(cfg: CheckConfig | None = None) -> RuleSet:
         """The shipped rules plus the config's extra files; raises RuleError naming file and line."""
         extra = cfg.rules if isinstance(cfg, KernelConfig) else []
-        return load_rules([SHIPPED_RULES, *extra])
+        return load_rules([*SHIPPED_RULE_FILES, *extra])
 
     def codes(self, cfg: CheckConfig | None = None) -> Mapping[str, CodeRule]:
         """The merged `codes:` table of the loaded rule files, for the policy."""

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 from conftest import inject_kmsg, need_root
 
-from checks.kernel_rules import MAX_LINE_CHARS, SHIPPED_RULES, RuleError, RuleSet, clip_line, load_rules
+from checks.kernel_rules import (
+    MAX_LINE_CHARS,
+    SHIPPED_RULE_FILES,
+    RuleError,
+    RuleSet,
+    clip_line,
+    load_rules,
+)
 from robustd.api.v1 import robustd_pb2 as pb
 
 ARABIC_XID = "NVRM: Xid (PCI:0000:7e:00): \u0667\u0669, pid=1, name=python, GPU has fallen off the bus."
@@ -25,7 +32,7 @@ LONG_XID = f"NVRM: Xid (PCI:0000:7e:00): {'7' * 300}, pid=1, name=python, GPU ha
 
 @pytest.fixture(scope="module")
 def rules() -> RuleSet:
-    return load_rules([SHIPPED_RULES])
+    return load_rules(SHIPPED_RULE_FILES)
 
 
 def is_ascii_token(text: str) -> bool:
