@@ -50,6 +50,7 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/detect_kmsg.py
+	$(PY) bench/rules.py
 	$(PY) bench/detect_hw.py
 	$(PY) bench/overhead.py
 	$(PY) bench/api_load.py

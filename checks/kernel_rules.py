@@ -134,6 +134,7 @@ class CompiledRule:
     kind: FindingKind
     hints: tuple[tuple[str, re.Pattern[str], Severity | None, Action | None], ...]
     where: str
+    literal: str = ""  # text every match contains (`required_literal`); a line without it is skipped
 
     def match(self, window: Sequence[str]) -> Finding | None:
         """A finding if the last `lines` lines of `window` match through their end.
@@ -145,7 +146,12 @@ class CompiledRule:
         """
         if len(window) < self.lines:
             return None
-        text = "\n".join(clip_line(line) for line in window[-self.lines:])
+        return self.match_text("\n".join(clip_line(line) for line in window[-self.lines:]))
+
+    def match_text(self, text: str) -> Finding | None:
+        """`match` on the last `lines` lines already clipped and joined."""
+        if self.literal not in text:
+            return None
         m = self.regex.search(text)
         if m is None:
             return None
@@ -193,8 +199,14 @@ class RuleSet:
     def first(self, window: Sequence[str]) -> tuple[CompiledRule, Finding] | None:
         """The rule that claims the newest line of `window`, and its finding."""
         window = window if isinstance(window, (list, tuple)) else list(window)  # a deque cannot slice
+        texts: dict[int, str] = {}  # the clipped, joined last n lines, made once for all rules of n lines
         for rule in self.rules:
-            found = rule.match(window)
+            if len(window) < rule.lines:
+                continue
+            text = texts.get(rule.lines)
+            if text is None:
+                text = texts[rule.lines] = "\n".join(clip_line(line) for line in window[-rule.lines:])
+            found = rule.match_text(text)
             if found is not None:
                 return rule, found
         return None
@@ -328,7 +340,48 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
         return None
     kind = FindingKind.RESOLVED if rule.kind == "resolved" else FindingKind.OCCURRENCE
     return CompiledRule(name=name, code=code, regex=regex, component=rule.component, lines=rule.lines,
-                        message=rule.message, kind=kind, hints=tuple(hints), where=at)
+                        message=rule.message, kind=kind, hints=tuple(hints), where=at,
+                        literal=required_literal(regex))
+
+
+def required_literal(regex: re.Pattern[str]) -> str:
+    """The longest run of literal characters that every match of `regex` contains, or "".
+
+    A line without it cannot match, so the matcher skips the regex search with one substring test:
+    with dozens of rules most of a line's cost was searches that could never succeed. Only what is
+    certain counts: literals outside any branch, optional part, lookaround or case-insensitive
+    part. Anything this cannot read (another Python's parser) gives "", which skips nothing.
+    """
+    try:
+        from re import _constants as c
+        from re import _parser
+
+        parsed = _parser.parse(regex.pattern, regex.flags)
+    except Exception:  # noqa: BLE001 - a private module; without it the prefilter is off, not wrong
+        return ""
+    if parsed.state.flags & re.IGNORECASE:
+        return ""
+    repeats = {c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)}
+    runs: list[str] = []
+
+    def walk(items: Any) -> None:
+        run: list[str] = []
+        for op, av in items:
+            if op is c.LITERAL:
+                run.append(chr(av))
+                continue
+            runs.append("".join(run))
+            run = []
+            if op is c.SUBPATTERN and not av[1] & re.IGNORECASE:  # (group, add_flags, del_flags, items)
+                walk(av[3])
+            elif op in repeats and av[0] >= 1:  # (min, max, items): present at least once
+                walk(av[2])
+            elif op is getattr(c, "ATOMIC_GROUP", None):
+                walk(av)
+        runs.append("".join(run))
+
+    walk(parsed)
+    return max(runs, key=len, default="")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from conftest import Daemon, inject_kmsg, need_root
@@ -328,3 +329,45 @@ def test_daemon_clears_on_the_drivers_all_clear(make_daemon) -> None:
     v = d.wait_for(lambda v: not has(v, g, "XID_154") and not has(v, n, "MLX5_PCIE_POWER_INSUFFICIENT")
                    and has(v, dr, "XID_154").action == pb.ACTION_RESET_GPU, timeout=20)
     assert has(v, dr, "XID_154").severity == pb.SEVERITY_CRITICAL
+
+
+# --- the matcher's prefilter never changes a verdict -------------------------------------------------
+
+def test_required_literal_is_in_every_match(rules: RuleSet) -> None:
+    """RuleSet skips a rule's regex when the line lacks the rule's required literal; that must never
+    hide a match. Checked on every example and counter-example and on hostile lines built from them."""
+    import yaml
+    from test_rule_timing import hostile_lines
+
+    from checks.kernel_rules import required_literal
+
+    raw = {}
+    for path in SHIPPED_RULE_FILES:
+        for r in yaml.safe_load(Path(path).read_text(encoding="utf-8"))["rules"]:
+            raw[r.get("name") or r.get("code") or f"resolve {r['resolves']}"] = r
+    assert sum(bool(r.literal) for r in rules.rules) >= len(rules.rules) - 2  # nearly every rule has one
+    for rule in rules.rules:
+        assert rule.literal == required_literal(rule.regex)
+        texts = [ex if isinstance(ex, str) else ex["line"]
+                 for r in raw.values() for ex in r.get("examples", []) + r.get("counter_examples", [])]
+        texts += list(hostile_lines(raw[rule.name]))[::7]
+        for text in texts:
+            if rule.regex.search(text):
+                assert rule.literal in text, (rule.name, rule.literal, text[:120])
+
+
+def test_required_literal_reads_only_what_is_certain() -> None:
+    import re
+
+    from checks.kernel_rules import required_literal
+
+    def lit(p: str) -> str:
+        return required_literal(re.compile(p, re.ASCII))
+
+    assert lit(r"Xid \(PCI:(?P<b>[0-9]{4})\): 79") == "Xid (PCI:"
+    assert lit(r"(?:optional long literal)?ab") == "ab"        # an optional part is not required
+    assert lit(r"(?:alpha|beta) gamma") == " gamma"             # nor is either side of a branch
+    assert lit(r"(?i)Link down") == ""                          # case-insensitive: no prefilter
+    assert lit(r"x(?i:Link down)y") in ("x", "y")
+    assert lit(r"(?=lookahead)z") == "z"
+    assert lit(r"(?:repeated ){1,3}+end") == "repeated "
