@@ -65,6 +65,7 @@ class _Track:
     last_event_at: float = 0.0
     dirty: bool = False  # repeats not yet published (coalesced to one UPDATED per interval)
     state: bool = False  # raised by a STATE finding (persistence counts toward tolerate)
+    earned: bool = False  # reached its full severity through `tolerate` (kept if sticky)
 
 
 @dataclass
@@ -120,7 +121,8 @@ class Policy:
                 self._folds[c.key] = _restored_fold(c)
             else:
                 self._per_code[c.code] += 1
-            self._tracks[c.key] = _Track(meaning=meaning, seen_at=max(c.last_seen, now), last_event_at=now)
+            self._tracks[c.key] = _Track(meaning=meaning, seen_at=max(c.last_seen, now), last_event_at=now,
+                                         earned=c.severity >= meaning.severity)
 
     def reboot(self, now: float) -> list[Event]:
         """The boot id changed: clear every condition from an earlier boot before anyone asks."""
@@ -328,7 +330,10 @@ class Policy:
         recent = [x for x in self._recent.get(key, ()) if now - x <= tol.window]
         persist = tol.persist if tol.persist is not None else tol.window
         if len(recent) >= tol.count or (t.state and now - c.first_seen >= persist):
+            t.earned = True
             return full
+        if c.sticky and t.earned:  # a sticky fault that earned its full severity keeps it until reboot or
+            return full            # acknowledgement (a soft lockup that repeated), however old the repeats
         return Severity.WARNING
 
     def _update(self, key: Key, cond: Condition, now: float) -> Event:

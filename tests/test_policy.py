@@ -62,6 +62,28 @@ def test_tolerate_window_forgets_old_occurrences() -> None:
     assert evs and evs[0].condition.count == 4
 
 
+def test_a_sticky_tolerated_fault_keeps_its_full_severity_after_the_window() -> None:
+    """A soft lockup is tolerated once, CRITICAL when it repeats, and sticky: once it repeated the node
+    stays CRITICAL until reboot or acknowledgement, however long ago the repeats were."""
+    p = Policy(CodeTable([{"SOFT_LOCKUP": CodeRule(severity="CRITICAL", action="REBOOT", sticky=True,
+                                                   tolerate=Tolerate(count=2, window="1h"))}]), "boot-a")
+    [e1] = p.apply([f("SOFT_LOCKUP", "host")], "kernel", now=0.0)
+    assert e1.condition.severity is Severity.WARNING
+    [e2] = p.apply([f("SOFT_LOCKUP", "host")], "kernel", now=60.0)
+    assert e2.condition.severity is Severity.CRITICAL
+    assert p.tick(now=60.0 + 2 * 3600) == []  # the window passed: still CRITICAL, no event
+    assert p.conditions[("host", "SOFT_LOCKUP")].severity is Severity.CRITICAL
+    restarted = Policy(p.table, "boot-a")  # and after a daemon restart, from the stored condition
+    restarted.load(p.conditions.values(), now=8000.0)
+    assert restarted.tick(now=8001.0) == []
+    p2 = Policy(CodeTable([TABLE]), "boot-a", default_clear_after=3600.0)  # a non-sticky tolerated fault does
+    for t in (0.0, 10.0, 20.0):                                             # go back to WARNING: flaps forgotten
+        p2.apply([f("LINK_DOWN", "nic/ib1")], "kernel", now=t)
+    assert p2.conditions[("nic/ib1", "LINK_DOWN")].severity is Severity.CRITICAL
+    [down] = p2.tick(now=20.0 + 301)
+    assert down.condition.severity is Severity.WARNING
+
+
 def test_tolerated_state_escalates_when_it_persists_past_the_window() -> None:
     p = policy()
     nic = "nic/eth9"
