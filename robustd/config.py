@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Mapping
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from robustd.adapters.slurm.config import SlurmConfig, known_levels
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
 from robustd.durations import Duration, PositiveDuration
@@ -213,15 +214,25 @@ class Config(Strict):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracer: TracerConfig = Field(default_factory=TracerConfig)
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
+    # Read by robustd-slurm and `robustctl slurm` only; the daemon validates it and never acts on it.
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _empty_sections(cls, data: Any) -> Any:
         """`metrics:` with only comments under it means the defaults, not an error."""
         if isinstance(data, dict):
-            sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks")
+            sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks",
+                        "slurm")
             return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
         return data
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _slurm_levels(cls, data: Any, handler: Any) -> Any:
+        """slurm.resume_check/epilog_diagnostics name a level of this file's diagnostics.levels."""
+        with known_levels(data, _default_levels()):
+            return handler(data)
 
 
 @dataclass(frozen=True)

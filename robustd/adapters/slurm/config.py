@@ -1,0 +1,123 @@
+"""The `slurm:` section of robustd.yaml, read by `robustd-slurm` and `robustctl slurm ...`.
+
+The daemon validates this section with the rest of the file (`robustd --check-config` names the
+key and the line of a bad value) but never acts on it: adapters act, the core never does.
+This module is imported by robustd.config, so it imports nothing heavier than pydantic.
+
+Two keys name a diagnostics level (`resume_check`, `epilog_diagnostics`); whether that level
+exists depends on `diagnostics.levels` in the same file. robustd.config validates the whole file
+inside `known_levels(...)`, which makes those names visible here, so a typo is reported at its own
+key and line rather than at the first self-check after a reboot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Annotated, Any, Iterator, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from robustd.durations import Duration, PositiveDuration
+from robustd.paths import AbsPath, NameOrPath
+
+ACTIONS = ("NONE", "RESTART_JOB", "RESET_GPU", "REBOOT", "HW_INSPECT")  # least to most drastic (robustd.model.Action)
+DEFAULT_PREFIX = "robustd:"
+HEALTHCHECK_KILL = 60.0  # Slurm 22.05 kills HealthCheckProgram after 60 s; the hooks must end well before
+
+_levels: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("robustd_diag_levels", default=None)
+
+
+@contextlib.contextmanager
+def known_levels(data: Any, default: dict[str, Any]) -> Iterator[None]:
+    """While the whole config is validated: the diagnostics level names it defines (raw, before validation)."""
+    levels: Any = default
+    if isinstance(data, dict) and isinstance(data.get("diagnostics"), dict):
+        levels = data["diagnostics"].get("levels", default)
+    names = frozenset(str(k) for k in levels) if isinstance(levels, dict) else frozenset()
+    token = _levels.set(names)
+    try:
+        yield
+    finally:
+        _levels.reset(token)
+
+
+def _action(name: Any) -> str:
+    if not isinstance(name, str):
+        raise ValueError(f"expected an action name, got {type(name).__name__}")
+    value = name.strip().upper().removeprefix("ACTION_")
+    if value not in ACTIONS:
+        raise ValueError(f"unknown action {name!r} (known: {', '.join(ACTIONS)})")
+    return value
+
+
+ActionName = Annotated[str, AfterValidator(_action)]
+
+
+def _level(name: str | None) -> str | None:
+    if name is None or name == "":
+        return None
+    known = _levels.get()
+    if known is not None and name not in known:
+        raise ValueError(f"{name!r} is not a level in diagnostics.levels (known: {', '.join(sorted(known)) or 'none'})")
+    return name
+
+
+Level = Annotated[str | None, AfterValidator(_level)]
+
+
+class SlurmConfig(BaseModel):
+    """How robustd-slurm and the robustctl hooks act on this node's verdict (README, "Slurm")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The Slurm node name. Default: $SLURMD_NODENAME in the hooks (slurmd sets it), else the short host name.
+    node_name: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")
+    # Every reason robustd writes starts with this; a node whose reason does not is never touched.
+    reason_prefix: str = DEFAULT_PREFIX
+    # Drain when a CRITICAL condition's action is one of these.
+    drain_actions: list[ActionName] = Field(default_factory=lambda: ["RESET_GPU", "REBOOT", "HW_INSPECT"])
+    on_critical: Literal["drain", "down"] = "drain"  # down kills the running jobs; drain lets them end
+    resume_after: Duration = 300.0  # the verdict must stay below the drain threshold this long before a resume
+    max_resumes: int = Field(default=3, ge=0, le=1000)  # resumes in 24 h; one more drain holds it as flapping
+    # Circuit breaker: drains robustd may hold per partition: max(min_drains, floor(fraction x partition size)).
+    min_drains: int = Field(default=1, ge=0, le=1_000_000)
+    max_drained_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    # Actions answered with `scontrol reboot ASAP nextstate=DOWN` instead of a drain (default none).
+    reboot_on: list[ActionName] = Field(default_factory=list)
+    resume_check: Level = "quick"  # the diagnostics level that must PASS before a rebooted node resumes; null: none
+    epilog_diagnostics: Level = None  # the level the epilog runs after a failed job; null: none
+    epilog_timeout: PositiveDuration = 600.0  # the epilog's diagnostics, all of it
+    reconcile_interval: PositiveDuration = 300.0  # Slurm's state re-read and compared this often (and at start)
+    state_file: AbsPath | None = None  # default: <state_dir>/slurm.json
+    command_timeout: PositiveDuration = 10.0  # each scontrol/sinfo call
+    hook_timeout: PositiveDuration = 30.0  # healthcheck and prolog end within this, whatever hangs
+    scontrol: NameOrPath = "scontrol"  # looked up on $PATH, or a path
+    sinfo: NameOrPath = "sinfo"
+
+    @field_validator("reason_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value or len(value) > 32:
+            raise ValueError("must be 1 to 32 characters")
+        if value != value.strip() or any(not (" " <= ch <= "~") or ch in "\"'\\" for ch in value):
+            raise ValueError("must be printable ASCII without quotes, backslashes or surrounding spaces")
+        return value
+
+    @field_validator("hook_timeout")
+    @classmethod
+    def _under_slurm_limit(cls, value: float) -> float:
+        if value > HEALTHCHECK_KILL - 5:
+            raise ValueError(f"must be at most {HEALTHCHECK_KILL - 5:g}s: Slurm kills HealthCheckProgram after "
+                             f"{HEALTHCHECK_KILL:g}s")
+        return value
+
+    @field_validator("reboot_on")
+    @classmethod
+    def _reboot_subset(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        drain = info.data.get("drain_actions")
+        missing = [a for a in value if drain is not None and a not in drain]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} not in drain_actions: such a verdict never drains, so it "
+                             "would never reboot")
+        return value
