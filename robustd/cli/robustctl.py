@@ -145,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     stragglers.add_parser(verb("stragglers", "straggler what-if analysis of a training trace: slowdown, "
                                              "per-worker/stage attribution, causes (no daemon needed)"), _add_globals)
+    from robustd.cli import slurm
+
+    slurm.add_parser(verb("slurm", "Slurm hooks (healthcheck, prolog, epilog) and robustd-slurm's status"),
+                     _add_globals)
     from robustd.cli import trace
 
     trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)"),
@@ -294,6 +298,12 @@ def cmd_trace(client: Client, args: argparse.Namespace) -> int:
     return trace.exit_code(resp)
 
 
+def cmd_slurm(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import slurm
+
+    return slurm.run(args)
+
+
 def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import fleet
 
@@ -303,7 +313,7 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
     "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet,
-    "trace": cmd_trace, "stragglers": cmd_stragglers,
+    "trace": cmd_trace, "stragglers": cmd_stragglers, "slurm": cmd_slurm,
 }
 
 

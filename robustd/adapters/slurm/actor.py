@@ -1,0 +1,154 @@
+"""One pass of the rules against the real Slurm: read the node, decide, check the breaker, act, record.
+
+The agent runs a pass on every fault change, on its timers and at every reconcile; the robustctl
+hooks run exactly one. A pass holds the state lock throughout, reads the state file afresh, and
+reads the node from slurmctld right before acting, so neither the agent nor a hook acts on a stale
+picture. A Slurm call that fails (slurmctld down, a timeout) changes nothing in Slurm and is
+retried by the next pass; what was observed is still recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from robustd.adapters.slurm.config import SlurmConfig
+from robustd.adapters.slurm.model import AgentState, NodeView, SelfCheck, Suppression, Table
+from robustd.adapters.slurm.rules import (
+    Do,
+    Health,
+    Plan,
+    applied,
+    breaker,
+    decide,
+    diagnosis_plan,
+    fault_text,
+    self_checked,
+    suppressed,
+)
+from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
+from robustd.adapters.slurm.statefile import StateFile
+
+log = logging.getLogger("robustd.slurm")
+
+
+@dataclass(frozen=True)
+class Result:
+    plan: Plan
+    node: NodeView | None = None  # Slurm's view before the action
+    error: str = ""  # the Slurm action failed: nothing changed there, try again later
+    suppressed: Suppression | None = None  # the breaker refused the drain
+    state: AgentState | None = None  # the state as saved
+
+    @property
+    def acted(self) -> bool:
+        return not self.error and self.suppressed is None and self.plan.do in (Do.DRAIN, Do.RESUME, Do.SET_REASON)
+
+
+class Actor:
+    def __init__(self, cfg: SlurmConfig, slurm: Slurm, store: StateFile, node_name: str,
+                 clock: Callable[[], float] = time.time, lock_timeout: float = 60.0):
+        self.cfg = cfg
+        self.slurm = slurm
+        self.store = store
+        self.node_name = node_name
+        self.clock = clock
+        self.lock_timeout = lock_timeout
+        self._last_note = ""
+        self._last_warning = ""
+
+    def step(self, h: Health, table: Table | None = None) -> Result:
+        """Apply the rules once. SlurmError (the node could not be read) and LockTimeout propagate."""
+        with self.store.locked(self.lock_timeout):
+            st = self.store.read()
+            st.node = self.node_name
+            if table is not None:
+                st.table = table
+            node = self.slurm.node(self.node_name)
+            now = self.clock()
+            plan, st = decide(self.cfg, h, node, st, now)
+            self._note(plan.note)
+            return self._carry_out(plan, st, h, node, now)
+
+    def record_self_check(self, h: Health, result: SelfCheck, table: Table | None = None) -> Result:
+        """Store the resume check's outcome; a FAIL rewrites the reason with the report id (the node stays out)."""
+        with self.store.locked(self.lock_timeout):
+            st = self.store.read()
+            if table is not None:
+                st.table = table
+            plan, st = self_checked(self.cfg, st, result)
+            self._note(plan.note, level=logging.WARNING if result.outcome != "PASS" else logging.INFO)
+            node = self.slurm.node(self.node_name) if plan.do is not Do.NOTHING else None
+            return self._carry_out(plan, st, h, node, self.clock())
+
+    def diagnosis(self, h: Health, report_id: str, summary: str, job: str) -> Result:
+        """The epilog's diagnostics FAILed: drain with the report id (breaker first), unless already out."""
+        with self.store.locked(self.lock_timeout):
+            st = self.store.read()
+            st.node = self.node_name
+            node = self.slurm.node(self.node_name)
+            plan = diagnosis_plan(self.cfg, node, report_id, summary, job)
+            self._note(plan.note, level=logging.WARNING)
+            return self._carry_out(plan, st, h, node, self.clock())
+
+    def save_table(self, table: Table) -> None:
+        with self.store.locked(self.lock_timeout):
+            st = self.store.read()
+            st.node = st.node or self.node_name
+            st.table = table
+            self.store.write(st)
+
+    def _carry_out(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:
+        result = self._act(plan, st, h, node, now)
+        st = result.state or st
+        if st.suppressed is None and self._last_warning:
+            log.info("SLURM_DRAIN_SUPPRESSED cleared")
+            self._last_warning = ""
+        self.store.write(st)
+        return result
+
+    def _act(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:
+        name = self.node_name
+        try:
+            if plan.do is Do.DRAIN and node is not None:
+                rows = self.slurm.partition_rows(node.partitions)
+                sup = breaker(self.cfg, node, rows, fault_text(h) if h.bad else plan.reason, now)
+                if sup is not None:
+                    st = suppressed(st, sup)
+                    self._warn(f"{sup.text()}; {name} stays in service")
+                    return Result(plan, node, suppressed=sup, state=st)
+                fresh = self.slurm.node(name)  # right before writing: never overwrite a reason set meanwhile
+                if fresh.out_of_service:
+                    self._note(f"{name} was taken out by someone else meanwhile ({fresh.describe()}); not draining")
+                    return Result(Plan(Do.NOTHING), fresh, state=st)
+                {"drain": self.slurm.drain, "down": self.slurm.down,
+                 "reboot": self.slurm.reboot}[plan.mode](name, plan.reason)
+                log.warning("%s %s: %s", {"drain": "drained", "down": "downed", "reboot": "reboot requested for"}
+                            [plan.mode], name, plan.reason)
+            elif plan.do is Do.RESUME and node is not None:
+                if plan.cancel_reboot:
+                    self.slurm.cancel_reboot(name)
+                self.slurm.resume(name)
+                log.warning("resumed %s (was: %s)", name, node.reason)
+            elif plan.do is Do.SET_REASON:
+                self.slurm.drain(name, plan.reason)
+                log.warning("%s stays drained: %s", name, plan.reason)
+        except SlurmError as e:
+            log.error("%s %s failed (%s); will try again", plan.do.value, name, e)
+            return Result(plan, node, error=str(e), state=st)
+        if plan.do in (Do.DRAIN, Do.RESUME, Do.SET_REASON):
+            st = applied(plan, st, h, now)
+        return Result(plan, node, state=st)
+
+    def _note(self, text: str, level: int = logging.INFO) -> None:
+        if text and text != self._last_note:
+            log.log(level, "%s", text)
+        if text:
+            self._last_note = text
+
+    def _warn(self, text: str) -> None:
+        if text != self._last_warning:
+            log.warning("%s", text)
+            self._last_warning = text

@@ -1,0 +1,410 @@
+"""robustd-slurm: the agent on each Slurm node that drains it when robustd says so, and resumes what it drained.
+
+    robustd-slurm --config /etc/robustd/robustd.yaml     (the `slurm:` section, `listen.unix`, `state_dir`)
+
+It is an ordinary Watch client of the local robustd. It keeps the node's conditions as a GetVerdict
+snapshot moved forward by Watch events, saved in its state file with the seq of the last event it
+handled, so after a restart of either side it resumes right after that seq: nothing is missed and
+nothing is handled twice (a seq the daemon no longer has is OUT_OF_RANGE: it takes a new snapshot).
+Slurm is read and written only when the drain-worthy faults change, when a timer is due (the
+resume hold-down, a retry after a failed scontrol) and every `slurm.reconcile_interval` (and at
+start), when Slurm's state is compared with the verdict and the state file: a drain that failed
+because slurmctld was down is redone, a drain whose faults cleared while the agent was down is
+resumed after the hold-down, an operator's resume is noticed and respected.
+
+While robustd cannot be reached the agent changes nothing in Slurm: a down daemon must not drain
+(or resume) a fleet. Exit status: 0 after SIGTERM/SIGINT, 1 for a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+import grpc
+
+from robustd import __version__
+from robustd.adapters.slurm import client
+from robustd.adapters.slurm.actor import Actor
+from robustd.adapters.slurm.config import SlurmConfig
+from robustd.adapters.slurm.model import SelfCheck, Table
+from robustd.adapters.slurm.rules import Do, Health, assess
+from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
+from robustd.adapters.slurm.statefile import LockTimeout, StateFile
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.roots import DEFAULT_CONFIG
+
+log = logging.getLogger("robustd.slurm")
+
+RPC_TIMEOUT = 5.0
+TICK = 0.25  # the longest the loop sleeps between looks at the stop flag
+SAVE_EVERY = 1.0  # the Watch position is saved at most this often (and after every pass and at exit)
+CONNECT_BACKOFF = (0.2, 5.0)
+
+
+def node_name(cfg: SlurmConfig) -> str:
+    """slurm.node_name, else what slurmd calls this node in a hook's environment, else the short host name."""
+    return cfg.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def state_path(settings: Any) -> str:
+    return settings.config.slurm.state_file or os.path.join(settings.config.state_dir, "slurm.json")
+
+
+def table_from(v: pb.Verdict) -> Table:
+    conds = [client.cond(c) for c in v.conditions]
+    return Table(seq=int(v.seq), boot_id=v.boot_id, conditions={c.key: c for c in conds})
+
+
+class _Stream(threading.Thread):
+    """Watch(from_seq) in a thread, its events and its end put on the agent's queue."""
+
+    def __init__(self, sock: str, from_seq: int, out: queue.Queue[tuple[str, Any, Any]]):
+        super().__init__(name="watch", daemon=True)
+        self.sock = sock
+        self.from_seq = from_seq
+        self.out = out
+        self.call: Any = None
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def run(self) -> None:
+        channel = None
+        try:
+            channel = client.open_channel(self.sock)
+            with self.lock:
+                if self.cancelled:
+                    return
+                self.call = pb_grpc.NodeHealthStub(channel).Watch(pb.WatchRequest(from_seq=self.from_seq))
+            for ev in self.call:
+                self.out.put(("event", ev, self))
+            self.out.put(("end", "the daemon closed the stream", self))
+        except grpc.RpcError as e:
+            self.out.put(("error", e, self))
+        except client.Unreachable as e:
+            self.out.put(("end", str(e), self))
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            if self.call is not None:
+                self.call.cancel()
+
+
+class Agent:
+    def __init__(self, settings: Any, slurm: Slurm | None = None):
+        c = settings.config
+        self.cfg: SlurmConfig = c.slurm
+        self.socket: str = c.listen.unix
+        self.node = node_name(self.cfg)
+        self.store = StateFile(state_path(settings))
+        self.slurm = slurm or Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
+        self.actor = Actor(self.cfg, self.slurm, self.store, self.node)
+        self.diag_timeout = float(c.diagnostics.timeout)
+        self.levels = set(c.diagnostics.levels)
+        self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.stopping = threading.Event()
+        self.stream: _Stream | None = None
+        self.table: Table | None = None
+        self.summary: tuple[bool, int, str] | None = None  # the faults the last successful pass acted on
+        self.saved_seq = -1
+        self.last_save = 0.0
+        self.next_connect = 0.0
+        self.connect_backoff = CONNECT_BACKOFF[0]
+        self.next_reconcile = 0.0  # at start
+        self.next_retry: float | None = None
+        self.retry_backoff = 1.0
+        self.wake_at: float | None = None
+        self.self_check_after = 0.0
+        self.diag_calls: list[Any] = []
+        self._last_error = ""
+        from robustd.sdnotify import Notifier
+
+        self.notifier = Notifier()
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        saved = self.store.read()
+        if saved.table is not None and saved.node in ("", self.node):
+            self.table = saved.table
+            self.saved_seq = saved.table.seq
+        if self.cfg.resume_check and self.cfg.resume_check not in self.levels:
+            log.warning("slurm.resume_check %r is not a level in diagnostics.levels: a node rebooted by robustd will "
+                        "stay drained", self.cfg.resume_check)
+        log.info("robustd-slurm %s: Slurm node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
+                 self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
+        self.notifier.ready(f"node {self.node}: connecting to robustd")
+        try:
+            while not self.stopping.is_set():
+                self._turn()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _turn(self) -> None:
+        now = time.monotonic()
+        if self.stream is None and now >= self.next_connect:
+            self._connect()
+        due = [t for t in (self.next_reconcile, self.next_retry, self.wake_at) if t is not None]
+        if self.stream is None:
+            due.append(self.next_connect)
+        timeout = max(0.0, min([*due, now + TICK]) - now)
+        for kind, item, source in self._take(timeout):
+            self._handle(kind, item, source)
+        if self.stopping.is_set() or self.stream is None or self.table is None:
+            return
+        now = time.monotonic()
+        reconcile = now >= self.next_reconcile
+        if reconcile:
+            self.next_reconcile = now + self.cfg.reconcile_interval
+            if not self._probe():
+                return
+        h = self._health()
+        summary = (h.bad, h.newest_fault_seq, h.boot_id)
+        timers = [t for t in (self.next_retry, self.wake_at) if t is not None and t <= now]
+        if summary != self.summary or timers or reconcile:
+            self._pass(h, summary)
+        self._save_position()
+
+    def _take(self, timeout: float) -> list[tuple[str, Any, Any]]:
+        items = []
+        try:
+            items.append(self.events.get(timeout=timeout))
+            while len(items) < 10_000:
+                items.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _handle(self, kind: str, item: Any, source: _Stream) -> None:
+        if kind == "event":
+            if self.table is not None:
+                self.table.apply(int(item.kind), client.cond(item.condition), int(item.seq))
+            return
+        if source is not self.stream:
+            return  # the end of a stream we already replaced
+        self.stream = None
+        self.next_connect = time.monotonic() + (0 if kind == "error" and _out_of_range(item) else self.connect_backoff)
+        if kind == "error" and _out_of_range(item):
+            log.warning("robustd no longer has the events after seq %s (%s): taking a new snapshot",
+                        self.table.seq if self.table else 0, item.details())
+            self.table = None
+            return
+        why = f"{item.code().name}: {item.details()}" if kind == "error" else item
+        if not self.stopping.is_set():
+            log.warning("watch stream lost (%s); reconnecting to resume after seq %s", why,
+                        self.table.seq if self.table else 0)
+            self.notifier.status(f"node {self.node}: robustd unreachable, changing nothing")
+
+    def _connect(self) -> None:
+        try:
+            v = client.get_verdict(self.socket, RPC_TIMEOUT)
+        except client.Unreachable as e:
+            self._error(f"robustd unreachable ({e}); changing nothing in Slurm until it answers")
+            self.next_connect = time.monotonic() + self.connect_backoff
+            self.connect_backoff = min(self.connect_backoff * 2, CONNECT_BACKOFF[1])
+            return
+        if self.table is None or self.table.seq > v.seq:
+            if self.table is not None:
+                log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
+                            v.seq, self.table.seq)
+            self.table = table_from(v)
+        self.table.boot_id = v.boot_id
+        self.stream = _Stream(self.socket, self.table.seq, self.events)
+        self.stream.start()
+        self.connect_backoff = CONNECT_BACKOFF[0]
+        self.summary = None  # look at Slurm once connected (at start: the reconcile on start)
+        self._last_error = ""
+        log.info("watching robustd from seq %d (node verdict seq %d, boot %s)", self.table.seq, v.seq, v.boot_id)
+
+    def _probe(self) -> bool:
+        """At each reconcile: robustd still answers (else change nothing), and its boot id is current."""
+        try:
+            v = client.get_verdict(self.socket, RPC_TIMEOUT)
+        except client.Unreachable as e:
+            self._error(f"reconcile skipped: robustd unreachable ({e})")
+            return False
+        assert self.table is not None
+        if v.seq < self.table.seq:  # the daemon's log was reset under a live stream
+            self.table = table_from(v)
+            if self.stream is not None:
+                self.stream.cancel()
+            return False
+        self.table.boot_id = v.boot_id
+        return True
+
+    def _health(self) -> Health:
+        assert self.table is not None
+        return assess(list(self.table.conditions.values()), self.cfg, self.table.seq, self.table.boot_id)
+
+    def _pass(self, h: Health, summary: tuple[bool, int, str]) -> None:
+        now = time.monotonic()
+        try:
+            r = self.actor.step(h, table=self.table)
+        except (SlurmError, LockTimeout) as e:
+            level = logging.ERROR if isinstance(e, NodeNotFound) else logging.WARNING
+            self._error(f"cannot read node {self.node} from Slurm ({e}); will try again", level)
+            self._retry_later(now)
+            return
+        self.saved_seq = self.table.seq if self.table else self.saved_seq
+        self.last_save = now
+        self._last_error = ""
+        if r.error:
+            self._retry_later(now)
+            return
+        self.next_retry = None
+        self.retry_backoff = 1.0
+        self.summary = summary
+        self.wake_at = None
+        if r.plan.do is Do.WAIT and r.plan.wake_at is not None:
+            self.wake_at = now + max(0.0, r.plan.wake_at - time.time())
+        elif r.plan.do is Do.SELF_CHECK:
+            self._self_check(h)
+        self._status(r.state)
+
+    def _retry_later(self, now: float) -> None:
+        self.next_retry = now + self.retry_backoff
+        self.retry_backoff = min(self.retry_backoff * 2, 30.0, self.cfg.reconcile_interval)
+
+    def _self_check(self, h: Health) -> None:
+        """slurm.resume_check after the reboot robustd asked for; only a PASS lets the node resume."""
+        now = time.monotonic()
+        if now < self.self_check_after:
+            self.wake_at = self.self_check_after
+            return
+        level = self.cfg.resume_check or ""
+        log.info("node %s rebooted (boot %s): running the %r diagnostics before it may resume", self.node, h.boot_id,
+                 level)
+        self.notifier.status(f"node {self.node}: self-check {level} after reboot")
+        try:
+            report = client.run_diagnostic(self.socket, level, self.diag_timeout, holder=self.diag_calls)
+            outcome = client.OUTCOMES.get(report.outcome, "ERROR")
+            message = client.report_summary(report) if outcome == "FAIL" else report.message
+            result = SelfCheck(boot_id=h.boot_id, outcome=outcome, report_id=report.id, at=time.time(),
+                               message=message)
+        except (client.Unreachable, client.DiagnosticRefused) as e:
+            result = SelfCheck(boot_id=h.boot_id, outcome="ERROR", report_id="", at=time.time(), message=str(e))
+        finally:
+            self.diag_calls.clear()
+        if self.stopping.is_set():
+            return
+        if result.outcome != "PASS":
+            self.self_check_after = time.monotonic() + self.cfg.reconcile_interval
+        try:
+            self.actor.record_self_check(h, result, table=self.table)
+        except (SlurmError, LockTimeout) as e:
+            self._error(f"recording the self-check: {e}")
+        self.summary = None  # PASS: the next turn resumes (the rules decide); else look again later
+
+    def _save_position(self) -> None:
+        if self.table is None or self.table.seq == self.saved_seq:
+            return
+        now = time.monotonic()
+        if now - self.last_save < SAVE_EVERY:
+            return
+        try:
+            self.actor.save_table(self.table)
+            self.saved_seq = self.table.seq
+            self.last_save = now
+        except (OSError, LockTimeout) as e:
+            self._error(f"cannot save the state file {self.store.path}: {e}")
+
+    def _status(self, st: Any) -> None:
+        if st is None:
+            return
+        if st.suppressed is not None:
+            text = st.suppressed.text()
+        elif st.drain is not None:
+            text = f"drained by robustd: {st.drain.reason}"
+        else:
+            text = "in service"
+            if st.respect_until_seq:
+                text += " (a fault stands; an operator's resume is respected)"
+        self.notifier.status(f"node {self.node}: {text}")
+
+    def _error(self, text: str, level: int = logging.WARNING) -> None:
+        if text != self._last_error:
+            log.log(level, "%s", text)
+            self._last_error = text
+
+    # --- stopping --------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping.is_set():
+            os._exit(1)  # a second signal: the operator means it
+        self.stopping.set()
+        for call in list(self.diag_calls):
+            call.cancel()
+
+    def _shutdown(self) -> None:
+        self.notifier.stopping()
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream.join(timeout=2)
+        if self.table is not None and self.table.seq != self.saved_seq:
+            try:
+                self.actor.lock_timeout = 2.0
+                self.actor.save_table(self.table)
+            except (OSError, LockTimeout) as e:
+                log.error("cannot save the state file %s at exit: %s", self.store.path, e)
+        log.info("robustd-slurm stopped (watch position seq %s)", self.table.seq if self.table else 0)
+
+
+def _out_of_range(err: Any) -> bool:
+    return isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE
+
+
+def load_settings(path: str) -> Any:
+    """The whole robustd.yaml, validated as the daemon validates it (ConfigError names key and line)."""
+    from robustd.config import load_config
+    from robustd.daemon import discover_checks
+
+    return load_config(path, {n: c.Config for n, c in discover_checks().items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    from robustd.config import ConfigError
+    from robustd.sdnotify import setup_logging
+
+    p = argparse.ArgumentParser(prog="robustd-slurm", description="Drain and resume this Slurm node on robustd's "
+                                                                   "verdicts (the `slurm:` section of the config).")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
+    p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
+    p.add_argument("--version", action="version", version=f"robustd-slurm {__version__}")
+    args = p.parse_args(argv)
+    setup_logging("info")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(f"robustd-slurm: invalid config:\n{e}", file=sys.stderr)
+        return 1
+    if args.check_config:
+        print(f"{settings.source}: config OK (Slurm node {node_name(settings.config.slurm)}, "
+              f"state {state_path(settings)})")
+        return 0
+    setup_logging(settings.config.log_level)
+    for handler in logging.getLogger().handlers:  # journald: our own SYSLOG_IDENTIFIER, not the daemon's
+        extra = getattr(handler, "_extra", None)
+        if isinstance(extra, dict) and "SYSLOG_IDENTIFIER" in extra:
+            extra["SYSLOG_IDENTIFIER"] = "robustd-slurm"
+    return Agent(settings).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

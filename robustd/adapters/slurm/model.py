@@ -1,0 +1,180 @@
+"""Plain values the Slurm rules work on: the node's conditions, Slurm's view of the node, the agent's state.
+
+No gRPC, no subprocesses, no clock: the rules (rules.py) are functions of these, and the tests build
+them by hand. The agent's state is what it did and why (the drain it holds, its resumes, a suppressed
+drain); it is saved as JSON in the state file the agent and the robustctl hooks share.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = {1: "OK", 2: "WARNING", 3: "CRITICAL"}
+ACTIONS = {1: "NONE", 2: "RESTART_JOB", 3: "RESET_GPU", 4: "REBOOT", 5: "HW_INSPECT"}
+ACTION_RANK = {name: value for value, name in ACTIONS.items()}
+RAISED, UPDATED, CLEARED = 1, 2, 3  # robustd.v1.EventKind
+
+FLAP_WINDOW = 86400.0  # resumes counted for max_resumes: the last 24 hours
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Cond:
+    """One standing condition, as much of it as the rules need."""
+
+    component: str
+    code: str
+    severity: str  # OK | WARNING | CRITICAL
+    action: str  # NONE | RESTART_JOB | RESET_GPU | REBOOT | HW_INSPECT
+    seq: int  # its last change
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.component, self.code)
+
+
+@dataclass
+class Table:
+    """The node's standing conditions as of `seq`: a GetVerdict snapshot moved forward by Watch events.
+
+    An event at or below `seq` is already in the table and is ignored, so a snapshot taken while
+    events were queued, or events replayed after a reconnect, never apply twice.
+    """
+
+    seq: int = 0
+    boot_id: str = ""
+    conditions: dict[tuple[str, str], Cond] = field(default_factory=dict)
+
+    def apply(self, kind: int, cond: Cond, seq: int) -> bool:
+        """One event; False when it was already reflected (seq not above the table's)."""
+        if seq <= self.seq:
+            return False
+        self.seq = seq
+        if kind == CLEARED:
+            self.conditions.pop(cond.key, None)
+        else:
+            self.conditions[cond.key] = cond
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "boot_id": self.boot_id,
+                "conditions": [[c.component, c.code, c.severity, c.action, c.seq] for c in self.conditions.values()]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Table | None:
+        if not isinstance(data, dict):
+            return None
+        try:
+            conds = [Cond(str(c[0]), str(c[1]), str(c[2]), str(c[3]), int(c[4])) for c in data.get("conditions", [])]
+            return cls(seq=int(data["seq"]), boot_id=str(data.get("boot_id", "")),
+                       conditions={c.key: c for c in conds})
+        except (KeyError, IndexError, TypeError, ValueError):
+            return None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One Slurm node as `scontrol show node` reports it."""
+
+    name: str
+    state: str  # the base state: IDLE, ALLOCATED, MIXED, DOWN, FUTURE, ...
+    flags: frozenset[str] = frozenset()  # DRAIN, REBOOT_REQUESTED, REBOOT_ISSUED, NOT_RESPONDING, FAIL, ...
+    reason: str = ""  # without Slurm's trailing " [user@time]"; "" when there is none
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def out_of_service(self) -> bool:
+        """Drained, draining, down or failing: someone (robustd or not) took it out of the schedule."""
+        return "DRAIN" in self.flags or "FAIL" in self.flags or self.state in ("DOWN", "FUTURE")
+
+    @property
+    def reboot_pending(self) -> bool:
+        return bool({"REBOOT_REQUESTED", "REBOOT_ISSUED"} & self.flags)
+
+    def describe(self) -> str:
+        state = "+".join([self.state, *sorted(self.flags)])
+        return f"{state}, reason {self.reason!r}" if self.reason else state
+
+
+@dataclass(frozen=True)
+class DrainRecord:
+    """A drain robustd made (or found with its prefix and adopted)."""
+
+    reason: str
+    mode: str  # drain | down | reboot
+    seq: int  # the newest fault event it answered
+    at: float  # wall clock
+    boot_id: str  # the daemon's boot id then ("" when adopted without one)
+
+
+@dataclass(frozen=True)
+class Suppression:
+    """SLURM_DRAIN_SUPPRESSED: a drain the circuit breaker refused."""
+
+    partition: str
+    drained: int  # nodes of the partition already drained by robustd
+    size: int
+    allowance: int
+    fault: str  # the condition it would have drained for
+    since: float
+
+    def text(self) -> str:
+        return (f"SLURM_DRAIN_SUPPRESSED: not draining for {self.fault}: partition {self.partition} already has "
+                f"{self.drained} of {self.size} nodes drained by robustd (allowance {self.allowance})")
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """The resume check after a reboot robustd asked for."""
+
+    boot_id: str
+    outcome: str  # PASS | FAIL | ERROR | CANCELLED | UNREACHABLE
+    report_id: str
+    at: float
+    message: str = ""
+
+
+@dataclass
+class AgentState:
+    """What robustd did to this node and why; shared by the agent and the hooks through the state file."""
+
+    node: str = ""
+    drain: DrainRecord | None = None
+    ok_since: float | None = None  # the verdict has been below the drain threshold since (wall clock)
+    resumes: list[float] = field(default_factory=list)  # robustd's resumes (wall clock), for max_resumes
+    flapping: bool = False
+    respect_until_seq: int = 0  # someone resumed robustd's drain while a fault stood: leave faults up to this seq
+    suppressed: Suppression | None = None
+    self_check: SelfCheck | None = None
+    table: Table | None = None  # the agent's Watch position (its seq is the last event handled)
+
+    def copy(self) -> AgentState:
+        return copy.deepcopy(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "node": self.node,
+                "drain": asdict(self.drain) if self.drain else None, "ok_since": self.ok_since,
+                "resumes": self.resumes, "flapping": self.flapping, "respect_until_seq": self.respect_until_seq,
+                "suppressed": asdict(self.suppressed) if self.suppressed else None,
+                "self_check": asdict(self.self_check) if self.self_check else None,
+                "watch": self.table.to_json() if self.table else None}
+
+    @classmethod
+    def from_json(cls, data: Any) -> AgentState:
+        """Raises ValueError on a document that is not a state file of this version."""
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            raise ValueError(f"not a version {STATE_VERSION} robustd-slurm state")
+        try:
+            return cls(node=str(data.get("node", "")),
+                       drain=DrainRecord(**data["drain"]) if data.get("drain") else None,
+                       ok_since=float(data["ok_since"]) if data.get("ok_since") is not None else None,
+                       resumes=[float(t) for t in data.get("resumes", [])],
+                       flapping=bool(data.get("flapping", False)),
+                       respect_until_seq=int(data.get("respect_until_seq", 0)),
+                       suppressed=Suppression(**data["suppressed"]) if data.get("suppressed") else None,
+                       self_check=SelfCheck(**data["self_check"]) if data.get("self_check") else None,
+                       table=Table.from_json(data.get("watch")))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"malformed robustd-slurm state: {e}") from None

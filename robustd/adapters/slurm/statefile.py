@@ -1,0 +1,91 @@
+"""The state file robustd-slurm and the robustctl hooks share: locked while used, replaced atomically.
+
+The agent and the hooks (HealthCheckProgram, Prolog, Epilog) may run at the same moment, so every
+read-decide-act-write pass holds an flock on `<state_file>.lock`, and reads the file afresh under
+it: nobody writes from a stale copy. A write goes to a temporary file that is fsynced and renamed
+over the old one (then the directory is fsynced), so a crash or power loss leaves the old state or
+the new one, never half of either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from typing import Iterator
+
+from robustd.adapters.slurm.model import AgentState
+
+log = logging.getLogger("robustd.slurm")
+
+
+class LockTimeout(Exception):
+    """Another robustd-slurm process held the state lock for longer than we could wait."""
+
+
+class StateFile:
+    def __init__(self, path: str):
+        self.path = path
+        self.lock_path = path + ".lock"
+
+    def read(self) -> AgentState:
+        """The saved state; an empty one when there is none. A corrupt file is set aside (and said so)."""
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return AgentState()
+        try:
+            return AgentState.from_json(json.loads(text))
+        except ValueError as e:
+            aside = f"{self.path}.corrupt"
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
+            log.error("state file %s is unusable (%s); moved to %s, starting afresh (robustd's drains are still "
+                      "recognised by their reason prefix)", self.path, e, aside)
+            return AgentState()
+
+    def write(self, st: AgentState) -> None:
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+        tmp = f"{self.path}.tmp.{os.getpid()}"
+        data = json.dumps(st.to_json(), separators=(",", ":")).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    @contextlib.contextmanager
+    def locked(self, timeout: float) -> Iterator[None]:
+        """Hold the state lock for the block; LockTimeout if it cannot be had within `timeout` seconds."""
+        os.makedirs(os.path.dirname(self.lock_path) or ".", mode=0o750, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise LockTimeout(f"{self.lock_path} is held by another robustd-slurm process") from None
+                    time.sleep(0.01)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
