@@ -40,12 +40,13 @@ stage() {  # stage ROOT UNITDIR
         "$root/usr/share/robustd/proto" "$root/usr/share/doc/robustd"
     install -m 0644 "$wheels"/* "$root/opt/robustd/wheels/"
     install -m 0755 "$here/make-venv.sh" "$root/opt/robustd/make-venv.sh"
-    for b in robustd robustctl; do
+    for b in robustd robustctl robustd-slurm; do
         printf '#!/bin/sh\nexec /opt/robustd/bin/%s "$@"\n' "$b" > "$root/usr/bin/$b"
         chmod 0755 "$root/usr/bin/$b"
     done
     install -m 0644 "$src/etc/robustd.yaml" "$root/etc/robustd/robustd.yaml"
     install -m 0644 "$src/systemd/robustd.service" "$root$unitdir/robustd.service"
+    install -m 0644 "$src/systemd/robustd-slurm.service" "$root$unitdir/robustd-slurm.service"  # disabled by default
     install -m 0644 "$src"/robustd/api/v1/*.proto "$root/usr/share/robustd/proto/"
     install -m 0644 "$src/README.md" "$root/usr/share/doc/robustd/README.md"
 }

@@ -28,18 +28,22 @@ pytestmark = pytest.mark.root
 
 BUILD = REPO / "packaging" / "build.sh"
 UNIT = REPO / "systemd" / "robustd.service"
+SLURM_UNIT = REPO / "systemd" / "robustd-slurm.service"  # installed, never enabled by the package
 VERSION = re.search(r'__version__ = "([^"]+)"', (REPO / "robustd" / "__init__.py").read_text()).group(1)
 BUMPED = VERSION + ".1"  # sorts after VERSION for dpkg, rpm and pip alike
 # What an installed file must never mention: the build machine's home, its pyenv, this checkout.
 FORBIDDEN = re.compile(rb"(?<![\w./-])/root(?=$|[/\"' :\n])|\.pyenv|" + re.escape(str(REPO).encode()))
+UNITS = ("robustd.service", "robustd-slurm.service")
 DEB_FILES = {
-    "/etc/robustd/robustd.yaml", "/lib/systemd/system/robustd.service", "/opt/robustd/make-venv.sh",
+    "/etc/robustd/robustd.yaml", "/opt/robustd/make-venv.sh",
     "/opt/robustd/wheels/requirements.txt", "/opt/robustd/wheels/VERSION", "/usr/bin/robustd",
-    "/usr/bin/robustctl", "/usr/share/robustd/proto/robustd.proto", "/usr/share/doc/robustd/README.md",
+    "/usr/bin/robustctl", "/usr/bin/robustd-slurm", "/usr/share/robustd/proto/robustd.proto",
+    "/usr/share/doc/robustd/README.md", *(f"/lib/systemd/system/{u}" for u in UNITS),
 }
-RPM_FILES = (DEB_FILES - {"/lib/systemd/system/robustd.service"}) | {"/usr/lib/systemd/system/robustd.service"}
+RPM_FILES = (DEB_FILES - {f"/lib/systemd/system/{u}" for u in UNITS}) | {f"/usr/lib/systemd/system/{u}" for u in UNITS}
 LEFTOVERS = ["/opt/robustd", "/etc/robustd", "/var/lib/robustd", "/usr/bin/robustd", "/usr/bin/robustctl",
-             "/lib/systemd/system/robustd.service", "/usr/share/robustd"]
+             "/usr/bin/robustd-slurm", "/lib/systemd/system/robustd.service",
+             "/lib/systemd/system/robustd-slurm.service", "/usr/share/robustd"]
 
 
 def sh(*cmd: str | Path, check: bool = True, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
@@ -146,7 +150,10 @@ def test_deb_contents(deb: Path, out: Path) -> None:
     postinst = (x / "DEBIAN" / "postinst").read_text()
     assert "/opt/robustd/make-venv.sh" in postinst and "[ -d /run/systemd/system ]" in postinst
     assert "enable robustd.service" in postinst and "start robustd.service" in postinst
-    assert "stop robustd.service" in (x / "DEBIAN" / "prerm").read_text()
+    assert re.search(r"systemctl (enable|start|enable --now) robustd-slurm", postinst) is None  # disabled by default
+    assert "try-restart robustd-slurm.service" in postinst  # an upgrade restarts it only where it runs
+    prerm = (x / "DEBIAN" / "prerm").read_text()
+    assert "stop robustd.service" in prerm and "stop robustd-slurm.service" in prerm
     postrm = (x / "DEBIAN" / "postrm").read_text()
     assert re.search(r'if \[ "\$1" = purge \]; then\n(.*\n)*?\s+rm -rf /var/lib/robustd', postrm)
     make_venv = (x / "opt" / "robustd" / "make-venv.sh").read_text()
@@ -176,8 +183,8 @@ def test_deb_install_run_upgrade_purge(deb: Path, out: Path) -> None:
     cfg = Path("/opt/robustd/pyvenv.cfg").read_text()
     assert "home = /usr/bin" in cfg, cfg
     assert forbidden_mentions(Path("/opt/robustd")) == []
-    for f in ("/usr/bin/robustd", "/usr/bin/robustctl", "/etc/robustd/robustd.yaml",
-              "/lib/systemd/system/robustd.service"):
+    for f in ("/usr/bin/robustd", "/usr/bin/robustctl", "/usr/bin/robustd-slurm", "/etc/robustd/robustd.yaml",
+              "/lib/systemd/system/robustd.service", "/lib/systemd/system/robustd-slurm.service"):
         assert FORBIDDEN.search(Path(f).read_bytes()) is None, f
     assert sh("/opt/robustd/bin/python", "-c", "import systemd.daemon, systemd.journal").returncode == 0
     assert sh("/opt/robustd/bin/python", "-c", "import torch", check=False).returncode != 0
@@ -189,6 +196,12 @@ def test_deb_install_run_upgrade_purge(deb: Path, out: Path) -> None:
     assert Path("/lib/systemd/system/robustd.service").read_bytes() == UNIT.read_bytes()
     p = sh("systemd-analyze", "verify", "/lib/systemd/system/robustd.service", check=False)
     assert (p.returncode, p.stdout + p.stderr) == (0, "")
+    # robustd-slurm: the console script runs from the venv, its unit is the repository's and verifies.
+    assert Path("/lib/systemd/system/robustd-slurm.service").read_bytes() == SLURM_UNIT.read_bytes()
+    p = sh("systemd-analyze", "verify", "/lib/systemd/system/robustd-slurm.service", check=False)
+    assert (p.returncode, p.stdout + p.stderr) == (0, "")
+    assert sh("/usr/bin/robustd-slurm", "--version").stdout.strip() == f"robustd-slurm {VERSION}"
+    assert "/etc/robustd/robustd.yaml: config OK" in sh("/usr/bin/robustd-slurm", "--check-config").stdout
 
     run_installed_daemon(out)
 
@@ -277,8 +290,11 @@ def test_rpm_contents_and_scriptlets(rpm: Path) -> None:
     assert set(sections) == {"postinstall", "preuninstall", "postuninstall"}, scripts
     assert "/opt/robustd/make-venv.sh" in sections["postinstall"]
     assert "enable --now robustd.service" in sections["postinstall"]
+    assert "robustd-slurm" not in sections["postinstall"]  # disabled by default
     assert "[ $1 -eq 0 ]" in sections["preuninstall"] and "disable --now robustd.service" in sections["preuninstall"]
+    assert "disable --now robustd-slurm.service" in sections["preuninstall"]
     assert "try-restart robustd.service" in sections["postuninstall"]
+    assert "try-restart robustd-slurm.service" in sections["postuninstall"]
     assert "rm -rf /opt/robustd" in sections["postuninstall"]
     assert "/var/lib/robustd" not in sections["postuninstall"].split("rm -rf /opt/robustd")[1]
 
@@ -290,23 +306,43 @@ def test_rpm_installs_into_a_temporary_root(rpm: Path, out: Path) -> None:
     for f in RPM_FILES:
         assert (root / f.lstrip("/")).is_file(), f
     assert (root / "usr/lib/systemd/system/robustd.service").read_bytes() == UNIT.read_bytes()
+    assert (root / "usr/lib/systemd/system/robustd-slurm.service").read_bytes() == SLURM_UNIT.read_bytes()
     assert os.access(root / "usr/bin/robustd", os.X_OK)
     assert (root / "opt/robustd/wheels/VERSION").read_text().strip() == VERSION
     assert forbidden_mentions(root / "opt") == [] and forbidden_mentions(root / "usr") == []
     assert sh("rpm", f"--root={root}", "-q", "robustd").stdout.strip() == f"robustd-{VERSION}-1.x86_64"
 
 
-def unit_copy(tmp: Path) -> Path:
-    """The repository's unit with its /usr/bin/robustd commands pointed at a binary that exists."""
-    u = tmp / "robustd.service"
-    u.write_text(UNIT.read_text().replace("/usr/bin/robustd", "/bin/true"))
+def unit_copy(tmp: Path, unit: Path = UNIT) -> Path:
+    """The repository's unit with its /usr/bin/robustd* commands pointed at a binary that exists."""
+    u = tmp / unit.name
+    u.write_text(re.sub(r"/usr/bin/robustd(-slurm)?", "/bin/true", unit.read_text()))
     return u
 
 
-def test_unit_verifies_clean(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unit", [UNIT, SLURM_UNIT], ids=lambda u: u.name)
+def test_unit_verifies_clean(tmp_path: Path, unit: Path) -> None:
     have("systemd-analyze", "systemd")
-    p = sh("systemd-analyze", "verify", unit_copy(tmp_path), check=False)
+    p = sh("systemd-analyze", "verify", unit_copy(tmp_path, unit), check=False)
     assert (p.returncode, p.stdout + p.stderr) == (0, "")
+
+
+def test_slurm_unit(tmp_path: Path) -> None:
+    """robustd-slurm: a notify service on robustd's config, after robustd, root without capabilities."""
+    text = SLURM_UNIT.read_text()
+    settings = dict(re.findall(r"^(\w+)=(.*)$", text, re.M))
+    for key, value in {"Type": "notify", "Restart": "on-failure", "StateDirectory": "robustd",
+                       "ExecStart": "/usr/bin/robustd-slurm --config /etc/robustd/robustd.yaml",
+                       "ProtectSystem": "strict", "NoNewPrivileges": "yes", "CapabilityBoundingSet": ""}.items():
+        assert settings.get(key) == value, key
+    assert "robustd.service" in settings["After"] and "robustd.service" in settings["Wants"]
+    assert "User" not in settings  # scontrol update needs SlurmUser or root (README "Slurm")
+    have("systemd-analyze", "systemd")
+    p = sh("systemd-analyze", "security", "--offline=true", unit_copy(tmp_path, SLURM_UNIT), check=False)
+    m = re.search(r"Overall exposure level for robustd-slurm\.service: ([\d.]+)", p.stdout + p.stderr)
+    assert m is not None, p.stderr[-300:]
+    print(f"systemd-analyze security exposure (robustd-slurm): {m.group(1)}")
+    assert float(m.group(1)) <= 3.0
 
 
 def test_unit_hardening(tmp_path: Path) -> None:
