@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv lintian rpm systemd openssl
+DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv lintian rpm systemd openssl \
+	slurmctld slurmd slurm-client munge
 
 .PHONY: run test lint proto bench deps clean deb rpm
 
@@ -58,6 +59,7 @@ bench: $(STAMP)
 	$(PY) bench/fleet.py
 	$(PY) bench/stragglers.py
 	$(PY) bench/shutdown.py
+	$(PY) bench/slurm.py
 
 # Packages (packaging/build.sh; README "Install"). PKG_DIR: where they go. ROBUSTD_VERSION overrides the version.
 PKG_DIR ?= dist
