@@ -47,6 +47,13 @@ stage() {  # stage ROOT UNITDIR
     install -m 0644 "$src/etc/robustd.yaml" "$root/etc/robustd/robustd.yaml"
     install -m 0644 "$src/systemd/robustd.service" "$root$unitdir/robustd.service"
     install -m 0644 "$src/systemd/robustd-slurm.service" "$root$unitdir/robustd-slurm.service"  # disabled by default
+    # slurm.conf takes a program path without arguments: HealthCheckProgram=/usr/lib/robustd/slurm/healthcheck, ...
+    install -d "$root/usr/lib/robustd/slurm"
+    for h in healthcheck prolog epilog; do
+        printf '#!/bin/sh\n# For slurm.conf (README "Slurm"): robustctl slurm %s\nexec /usr/bin/robustctl slurm %s "$@"\n' \
+            "$h" "$h" > "$root/usr/lib/robustd/slurm/$h"
+        chmod 0755 "$root/usr/lib/robustd/slurm/$h"
+    done
     install -m 0644 "$src"/robustd/api/v1/*.proto "$root/usr/share/robustd/proto/"
     install -m 0644 "$src/README.md" "$root/usr/share/doc/robustd/README.md"
 }
