@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
 import pytest
 from conftest import IN_CI, REPO, Daemon, inject_kmsg, need_root
 
@@ -339,6 +340,35 @@ def test_agent_killed_mid_stream_misses_nothing_and_repeats_nothing(make_node: A
     assert "resuming after seq" in log and log.count(f"drained {slurm.node}:") == 1
 
 
+def test_a_drain_whose_fault_cleared_while_the_agent_was_down_is_resumed_after_the_hold_down(
+        make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"resume_after": "3s"})
+    n.agent.start()
+    n.agent.wait_connected()
+    n.fault()
+    wait_drained(slurm, n)
+    n.agent.kill()
+    n.clear()
+    n.ok()
+    n.agent.start()
+    started = time.monotonic()
+    wait_idle(slurm, n, timeout=20)
+    assert time.monotonic() - started >= 3.0  # the hold-down, counted from when the agent saw the good verdict
+
+
+def test_a_reset_event_log_means_a_new_snapshot(make_node: Any, slurm: SlurmCluster) -> None:
+    """robustd's state was wiped (its seqs start again below ours): the agent takes a snapshot instead of waiting."""
+    n = make_node()
+    n.state_file.parent.mkdir(parents=True, exist_ok=True)
+    n.state_file.write_text(json.dumps({"version": 1, "node": slurm.node,
+                                        "watch": {"seq": 999_999, "boot_id": "old", "conditions": []}}))
+    n.agent.start()
+    n.agent.wait_connected()
+    assert "its event log was reset; new snapshot" in n.agent.log()
+    n.fault()
+    wait_drained(slurm, n)
+
+
 def test_drain_redone_after_slurmctld_comes_back(make_node: Any, slurm: SlurmCluster) -> None:
     n = make_node(slurm={"reconcile_interval": "1s"})
     n.agent.start()
@@ -348,6 +378,10 @@ def test_drain_redone_after_slurmctld_comes_back(make_node: Any, slurm: SlurmClu
         n.fault()
         n.critical()
         slurm.wait_for(lambda: "will try again" in n.agent.log(), 15, "the agent failing to reach slurmctld")
+        agent = psutil.Process(n.agent.proc.pid)
+        cpu = sum(agent.cpu_times()[:2])
+        time.sleep(3)
+        assert sum(agent.cpu_times()[:2]) - cpu < 1.0  # retrying with a backoff, not spinning
     finally:
         slurm.start_ctld()
     state, reason = wait_drained(slurm, n, timeout=20)

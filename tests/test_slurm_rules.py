@@ -13,9 +13,11 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
+import grpc
 import pytest
 
 from robustd.adapters.slurm.actor import Actor
+from robustd.adapters.slurm.agent import Agent
 from robustd.adapters.slurm.config import SlurmConfig
 from robustd.adapters.slurm.hooks import job_failed
 from robustd.adapters.slurm.model import (
@@ -593,3 +595,60 @@ def test_passes_from_two_threads_drain_once(tmp_path: Path) -> None:
 ])
 def test_job_failed(env: dict[str, str], failed: bool | None) -> None:
     assert job_failed(env) is failed
+
+
+# --- the agent's Watch bookkeeping ------------------------------------------------------------------
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def agent(tmp_path: Path) -> Agent:
+    from robustd.config import parse_config
+
+    settings = parse_config(f"state_dir: {tmp_path}\nlisten: {{unix: {tmp_path}/none.sock}}\n", "test", {})
+    return Agent(settings, slurm=FakeSlurm(IDLE))  # type: ignore[arg-type]
+
+
+def test_out_of_range_means_a_new_snapshot_at_once(tmp_path: Path) -> None:
+    import time
+
+    a = agent(tmp_path)
+    stream = object()
+    a.stream, a.table = stream, Table(seq=50)  # type: ignore[assignment]
+    a._handle("error", _RpcError(grpc.StatusCode.OUT_OF_RANGE, "seq 50 is older than the oldest retained"), stream)
+    assert a.stream is None and a.table is None and a.next_connect <= time.monotonic()
+
+
+def test_a_lost_stream_keeps_the_table_and_reconnects_after_a_backoff(tmp_path: Path) -> None:
+    import time
+
+    a = agent(tmp_path)
+    stream, old = object(), object()
+    a.stream, a.table = stream, Table(seq=50)  # type: ignore[assignment]
+    a._handle("end", "the daemon closed the stream", old)  # a stream already replaced: ignored
+    assert a.stream is stream
+    a._handle("error", _RpcError(grpc.StatusCode.UNAVAILABLE, "connection refused"), stream)
+    assert a.stream is None and a.table is not None and a.table.seq == 50 and a.next_connect > time.monotonic()
+
+
+def test_events_move_the_table_forward_once(tmp_path: Path) -> None:
+    from robustd.api.v1 import robustd_pb2 as pb
+
+    a = agent(tmp_path)
+    a.table = Table(seq=10)
+    ev = pb.Event(seq=11, kind=pb.EVENT_KIND_RAISED, condition=pb.Condition(
+        component="gpu/0000:3b:00.0", code="XID_79", severity=pb.SEVERITY_CRITICAL, action=pb.ACTION_REBOOT, seq=11))
+    a._handle("event", ev, None)
+    a._handle("event", ev, None)
+    assert a.table.seq == 11 and list(a.table.conditions.values()) == [Cond(
+        "gpu/0000:3b:00.0", "XID_79", "CRITICAL", "REBOOT", 11)]
+    assert a._health().bad

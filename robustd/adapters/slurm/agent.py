@@ -161,9 +161,10 @@ class Agent:
         now = time.monotonic()
         if self.stream is None and now >= self.next_connect:
             self._connect()
-        due = [t for t in (self.next_reconcile, self.next_retry, self.wake_at) if t is not None]
-        if self.stream is None:
-            due.append(self.next_connect)
+        if self.stream is None:  # nothing but a reconnect is worth waking for: nothing is decided meanwhile
+            due = [self.next_connect]
+        else:
+            due = [t for t in (self.next_reconcile, self.next_retry, self.wake_at) if t is not None]
         timeout = max(0.0, min([*due, now + TICK]) - now)
         for kind, item, source in self._take(timeout):
             self._handle(kind, item, source)
@@ -254,7 +255,11 @@ class Agent:
         return assess(list(self.table.conditions.values()), self.cfg, self.table.seq, self.table.boot_id)
 
     def _pass(self, h: Health, summary: tuple[bool, int, str]) -> None:
+        """One pass of the rules; every timer that was due is consumed (a failure sets the retry timer)."""
         now = time.monotonic()
+        self.wake_at = None
+        self.next_retry = None
+        self.summary = summary  # taken up: a failure below is retried by its timer, not at every turn
         try:
             r = self.actor.step(h, table=self.table)
         except (SlurmError, LockTimeout) as e:
@@ -268,10 +273,7 @@ class Agent:
         if r.error:
             self._retry_later(now)
             return
-        self.next_retry = None
         self.retry_backoff = 1.0
-        self.summary = summary
-        self.wake_at = None
         if r.plan.do is Do.WAIT and r.plan.wake_at is not None:
             self.wake_at = now + max(0.0, r.plan.wake_at - time.time())
         elif r.plan.do is Do.SELF_CHECK:
