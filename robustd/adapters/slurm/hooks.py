@@ -35,6 +35,7 @@ from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, NodeView
 from robustd.adapters.slurm.rules import Health, assess
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
+from robustd.roots import DEFAULT_DEV
 
 log = logging.getLogger("robustd.slurm")
 
@@ -81,9 +82,10 @@ def setup_logging(verb: str) -> None:
     err = logging.StreamHandler(sys.stderr)
     err.setFormatter(logging.Formatter(f"robustctl slurm {verb}: %(message)s"))
     root.addHandler(err)
-    if os.path.exists("/dev/log"):
+    dev_log = os.path.join(DEFAULT_DEV, "log")
+    if os.path.exists(dev_log):
         try:
-            sys_handler = logging.handlers.SysLogHandler(address="/dev/log",
+            sys_handler = logging.handlers.SysLogHandler(address=dev_log,
                                                          facility=logging.handlers.SysLogHandler.LOG_DAEMON)
             sys_handler.setFormatter(logging.Formatter(f"robustctl-slurm[{os.getpid()}]: {verb}: %(message)s"))
             sys_handler.setLevel(logging.WARNING)
