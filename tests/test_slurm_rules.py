@@ -139,6 +139,15 @@ def test_someone_elses_drain_is_never_touched(node: NodeView, bad: bool) -> None
     assert plan.do is Do.NOTHING
 
 
+def test_an_operators_drain_cleared_by_hand_is_not_redone_but_a_standing_fault_drains_for_itself() -> None:
+    plan, st = decide(CFG, health(), drained("ops: maintenance"), AgentState(), NOW)
+    plan, st = decide(CFG, health(), IDLE, st, NOW + 60)  # cleared by hand, verdict OK
+    assert plan.do is Do.NOTHING
+    _, st = decide(CFG, health(XID), drained("ops: maintenance"), AgentState(), NOW)
+    plan, _ = decide(CFG, health(XID), IDLE, st, NOW + 60)  # cleared by hand while robustd's fault stands
+    assert plan.do is Do.DRAIN and plan.reason.startswith("robustd: XID_79")
+
+
 def test_robustds_drain_taken_over_by_someone_else_is_released() -> None:
     plan, st = decide(CFG, health(XID), drained("ops: mine now"), ours(), NOW)
     assert plan.do is Do.NOTHING and st.drain is None and "no longer owns" in plan.note
