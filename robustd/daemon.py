@@ -69,6 +69,7 @@ SHUTDOWN_BUDGET = 1.5  # seconds for an orderly stop, all steps together
 SHUTDOWN_BACKSTOP = 8.0  # if the stop itself hangs (a call that ignores every limit), exit anyway
 # Keys read once at start; a reload reports their changes instead of applying them.
 RESTART_KEYS = ("node_name", "state_dir", "boot_id_path", "listen", "metrics")
+ADAPTER_KEYS = ("slurm",)  # read by the adapters from the same file; the daemon itself uses nothing in them
 
 
 class StartError(Exception):
@@ -400,7 +401,7 @@ class Daemon:
         for key in changed_keys(old, new.config, RESTART_KEYS):
             log.warning("%s changed: that takes effect at the next restart", key)
         applied = [k for k in type(old).model_fields
-                   if k not in RESTART_KEYS and getattr(old, k) != getattr(new.config, k)]
+                   if k not in (*RESTART_KEYS, *ADAPTER_KEYS) and getattr(old, k) != getattr(new.config, k)]
         if dict(self.settings.checks) != dict(new.checks):
             applied.append("checks")
         self.notifier.send("RELOADING=1")
