@@ -25,7 +25,9 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--gap", type=float, default=0.02, help="seconds between injections")
     args = ap.parse_args()
-    d = BenchDaemon()
+    # Every injection names its own GPU with the same Xid: raise the per-code cap (64) past N, or all but
+    # the first 64 would fold into one gpu/* condition (robustd/policy.py) and never be timed.
+    d = BenchDaemon({"policy": {"max_conditions_per_code": max(64, args.n)}})
     try:
         channel = grpc.insecure_channel(d.target)
         stream = pb_grpc.NodeHealthStub(channel).Watch(pb.WatchRequest(from_seq=0))
