@@ -85,12 +85,12 @@ class Daemon:
             "checks": {"kernel": {"lookback": "0s"},
                        **{name: {"enabled": False} for name in builtin_check_names() if name != "kernel"}},
         }
-        self.config = _merge(base, config)
+        self.config = merge(base, config)
         self.write_config()
 
     def write_config(self, config: dict[str, Any] | None = None) -> None:
         if config is not None:
-            self.config = _merge(self.config, config)
+            self.config = merge(self.config, config)
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     wrap: list[str] = []  # e.g. ["ip", "netns", "exec", NAME] to run the daemon in a network namespace
@@ -194,10 +194,11 @@ class Daemon:
             return ""
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """`b` over `a`, nested mappings merged key by key (config overrides in tests)."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import psutil
 import pytest
-from conftest import IN_CI, REPO, Daemon, inject_kmsg, need_root
+from conftest import IN_CI, REPO, Daemon, inject_kmsg, merge, need_root
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "slurm"))
 from cluster import AgentProcess, SlurmCluster, missing_programs  # noqa: E402
@@ -84,7 +84,7 @@ class Node:
                              "gpu": {"enabled": True, "backend": "emulator", "emulator_state": self.gpu_state,
                                      "emulator_library": lib, "interval": "100ms"}}
             cfg["policy"] = {"codes": {"GPU_ECC_DBE": {"clear_after": "1s"}}}
-        self.d: Daemon = make_daemon(_merge(cfg, config or {}), env=env)
+        self.d: Daemon = make_daemon(merge(cfg, config or {}), env=env)
         self.d.start()
         self.agent = AgentProcess(self.d.config_path, cluster, self.d.root / "agent.log")
         self.state_file = Path(self.d.state_dir) / "slurm.json"
@@ -116,13 +116,6 @@ class Node:
     def stop(self) -> None:
         self.agent.stop()
         self.d.stop()
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 @pytest.fixture
