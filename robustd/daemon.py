@@ -435,8 +435,9 @@ def changed_keys(old: Any, new: Any, keys: tuple[str, ...]) -> list[str]:
         elif a != b:
             out.append(prefix)
 
+    before, after = old.model_dump(), new.model_dump()
     for key in keys:
-        walk(key, old.model_dump().get(key), new.model_dump().get(key))
+        walk(key, before.get(key), after.get(key))
     return out
 
 

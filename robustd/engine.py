@@ -187,13 +187,17 @@ class Engine:
         self.backlog.extend(events)
         if cursors:
             self._backlog_cursors.update(cursors)
+        self._compact_held()
+        self._flush()
+
+    def _compact_held(self) -> None:
+        """Past COMPACT_AT held events, compact those not in the write in flight (see compact)."""
         if len(self.backlog) - self._writing > COMPACT_AT:
             self.backlog = self.backlog[:self._writing] + compact(self.backlog[self._writing:])
-        self._flush()
 
     def _flush(self) -> None:
         """Start a write of everything held, unless one is in flight or a failed one waits for its retry."""
-        if self._writing or not (self.backlog or self._backlog_cursors or self.store.take_side()):
+        if self._writing or not (self.backlog or self._backlog_cursors or self.store.has_side):
             return
         if self.store_error and not self._closing and self.clock() < self._retry_at:
             return
@@ -211,8 +215,7 @@ class Engine:
             self._forget_waiters(batch if err is None else [])
         if err is not None or done is None:
             self._backlog_cursors = {**cursors, **self._backlog_cursors}
-            if len(self.backlog) > COMPACT_AT:
-                self.backlog = compact(self.backlog)
+            self._compact_held()
             self._failed(err or RuntimeError("the write returned nothing"))
             return
         del self.backlog[:len(batch)]
@@ -284,7 +287,7 @@ class Engine:
         deadline = loop.time() + timeout
         while loop.time() < deadline:
             self._flush()
-            if not self._writing and not self.backlog and not self.store.take_side():
+            if not self._writing and not self.backlog and not self.store.has_side:
                 break
             await asyncio.sleep(0.02)
         clean = not self.backlog and not self._writing

@@ -124,12 +124,16 @@ class Store:
         """Whatever of an existing log can be read (standing conditions, cursors) while it cannot be written."""
         if not os.path.exists(self.path):
             return
-        for mode in ("ro", "immutable=1"):  # immutable: a WAL database whose -shm cannot be created
-            uri = f"file:{urllib.parse.quote(self.path)}?{'mode=ro' if mode == 'ro' else mode}"
+        for query in ("mode=ro", "immutable=1"):  # immutable: a WAL database whose -shm cannot be created
             try:
-                db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                db = sqlite3.connect(f"file:{urllib.parse.quote(self.path)}?{query}", uri=True,
+                                     isolation_level=None, check_same_thread=False)
+            except sqlite3.Error:
+                continue
+            try:
                 db.execute("SELECT COUNT(*) FROM conditions").fetchone()
             except sqlite3.Error:
+                db.close()
                 continue
             self.db = db
             return
@@ -209,6 +213,11 @@ class Store:
             side = self.take_side()
             self.commit([], None, side)
             self.settle_side(side)
+
+    @property
+    def has_side(self) -> bool:
+        """Whether side writes wait for a commit."""
+        return bool(self._side)
 
     def take_side(self) -> dict[tuple[str, str], tuple[Any, ...]]:
         """The side writes not yet on disk, for one commit."""
