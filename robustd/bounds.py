@@ -66,7 +66,7 @@ def token(value: str, limit: int) -> str:
     """
     if not value:
         return "-"
-    if value.isascii() and value.isprintable() and " " not in value and len(value) <= limit:
+    if is_token(value, limit):
         return value
     escaped = "".join(ch if "!" <= ch <= "~" else "".join(f"\\x{b:02x}" for b in ch.encode("utf-8", "replace"))
                       for ch in value)

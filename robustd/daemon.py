@@ -275,11 +275,12 @@ class Daemon:
                                handshake_timeout=listen.handshake_timeout)
         self.authz = authz = Authorizer(lambda: self.settings.config.authz, self.front)
         server = grpc.aio.server(
-            interceptors=[AuthzInterceptor(authz), RequestInterceptor(listen.max_message_bytes)],
+            interceptors=[AuthzInterceptor(authz), RequestInterceptor()],
             options=[("grpc.max_receive_message_length", listen.max_message_bytes),
                      ("grpc.max_send_message_length", listen.max_message_bytes),
                      ("grpc.max_concurrent_streams", listen.max_concurrent_streams)])
-        servicer = NodeHealthServicer(self.engine, cfg.node_name, self.boot_id, lambda: self.runner.states)
+        servicer = NodeHealthServicer(self.engine, cfg.node_name, self.boot_id, lambda: self.runner.states,
+                                      listen.max_message_bytes)
         pb_grpc.add_NodeHealthServicer_to_server(servicer, server)
         pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(self.diag), server)
         pb_grpc.add_TracerServicer_to_server(

@@ -60,10 +60,11 @@ def condition_to_json(c: Condition) -> str:
 
 
 def condition_from_json(text: str) -> Condition:
+    """A stored condition, bounded: rows written before conditions were bounded must still be sendable."""
     d: dict[str, Any] = json.loads(text)
     d["severity"] = Severity[d["severity"]]
     d["action"] = Action[d["action"]]
-    return Condition(**d)
+    return bounds.condition(Condition(**d))
 
 
 class Store:

@@ -13,7 +13,7 @@ from robustd.model import Condition, Event
 from robustd.runner import CheckState
 
 MAX_LABEL = 256  # a check's emulation label, the event log's error: one line each
-_VERDICT_CONDITIONS_TAG = bytes([(4 << 3) | 2])  # Verdict.conditions: field 4, length-delimited
+EVENT_MAX_BYTES = bounds.MAX_CONDITION_BYTES + 64  # a bounded condition plus seq, time, kind and snapshot
 
 
 def ts(seconds: float | None) -> Timestamp | None:
@@ -40,9 +40,9 @@ def condition(c: Condition) -> pb.Condition:
 
 
 def event(e: Event, snapshot: bool = False) -> pb.Event:
-    """An event as sent; its condition bounded again, so rows written before bounds existed still go out."""
-    return pb.Event(seq=e.seq, at=ts(e.at), kind=int(e.kind), condition=condition(bounds.condition(e.condition)),
-                    snapshot=snapshot)
+    """An event as sent. Its condition is bounded already: by the policy that made it, and, for rows read
+    back from the log (some written before bounds existed), by store.condition_from_json."""
+    return pb.Event(seq=e.seq, at=ts(e.at), kind=int(e.kind), condition=condition(e.condition), snapshot=snapshot)
 
 
 def event_within(e: Event, limit: int, snapshot: bool = False) -> pb.Event:
@@ -52,7 +52,7 @@ def event_within(e: Event, limit: int, snapshot: bool = False) -> pb.Event:
     a stream that cannot send an event would end at it on every resume.
     """
     msg = event(e, snapshot)
-    if msg.ByteSize() > limit:
+    if limit < EVENT_MAX_BYTES and msg.ByteSize() > limit:  # a bounded event always fits the default limit
         _abridge(msg.condition, message=True)
     return msg
 
@@ -113,8 +113,7 @@ class SerialisedConditions:
         for c in conds:
             hit = cache.get(c.key)
             if hit is None or hit[0] is not c:
-                body = condition(c).SerializeToString()
-                hit = (c, _VERDICT_CONDITIONS_TAG + _varint(len(body)) + body)
+                hit = (c, pb.Verdict(conditions=[condition(c)]).SerializeToString())
             fresh[c.key] = hit
             out.append(hit[1])
         self._cache = fresh
@@ -130,15 +129,6 @@ def _abridge(c: pb.Condition, message: bool) -> None:
     c.evidence["abridged"] = "evidence left out to fit listen.max_message_bytes"
     if message:
         c.message = bounds.text(c.message, 64)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _varint_size(n: int) -> int:

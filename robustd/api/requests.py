@@ -3,9 +3,7 @@
 grpc-aio parses a request before the servicer runs; a corrupt one raises inside grpc, which
 logs a traceback and answers UNKNOWN. `RequestInterceptor` takes the parsing over: each unary
 request arrives as raw bytes and is parsed in the handler, so a corrupt one is INVALID_ARGUMENT
-with one short line, and nothing in the log. It also tells handlers the server's message limit
-(`send_limit`), so responses that could grow (GetVerdict, ListEvents) are cut to fit rather than
-failing at send.
+with one short line, and nothing in the log.
 
 Register it after the authorization interceptor: `interceptors=[AuthzInterceptor(...),
 RequestInterceptor(...)]` makes the authz check the outer wrapper, so a disruptive call is
@@ -17,7 +15,6 @@ The checks below turn protobuf's unbounded fields into the ranges robustd can us
 
 from __future__ import annotations
 
-import contextvars
 import inspect
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -27,22 +24,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from robustd import bounds
 
-DEFAULT_MESSAGE_LIMIT = 4 << 20  # listen.max_message_bytes's default
 MAX_SEQ = (1 << 63) - 1  # seqs are SQLite integers
 MIN_TIMESTAMP = -62135596800  # 0001-01-01T00:00:00Z, protobuf's Timestamp range
 MAX_TIMESTAMP = 253402300799  # 9999-12-31T23:59:59Z
 MAX_DURATION = 315576000000  # 10,000 years, protobuf's Duration range
 
-_send_limit: contextvars.ContextVar[int] = contextvars.ContextVar("robustd_send_limit", default=DEFAULT_MESSAGE_LIMIT)
-
-
 class Invalid(ValueError):
     """A request field out of range; the message is the INVALID_ARGUMENT details."""
-
-
-def send_limit() -> int:
-    """The largest message this call may send (listen.max_message_bytes)."""
-    return _send_limit.get()
 
 
 def seq(value: int, name: str) -> int:
@@ -93,10 +81,7 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Any]
 
 
 class RequestInterceptor(grpc.aio.ServerInterceptor):
-    """Parses unary requests inside the handler (corrupt -> INVALID_ARGUMENT) and publishes the send limit."""
-
-    def __init__(self, max_message_bytes: int = DEFAULT_MESSAGE_LIMIT):
-        self.max_message_bytes = max_message_bytes
+    """Parses unary requests inside the handler: a corrupt one is INVALID_ARGUMENT."""
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
                                 details: grpc.HandlerCallDetails) -> Any:
@@ -105,7 +90,6 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             return handler  # streamed requests (reflection) keep grpc's own parsing
         parse = handler.request_deserializer
         name = details.method.rpartition("/")[2] or details.method
-        limit = self.max_message_bytes
 
         async def request(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             try:
@@ -118,31 +102,22 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             inner_uu: Handler = handler.unary_unary
 
             async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-                req = await request(raw, context)
-                token = _send_limit.set(limit)
-                try:
-                    result = inner_uu(req, context)
-                    return await result if inspect.isawaitable(result) else result
-                finally:
-                    _send_limit.reset(token)
+                result = inner_uu(await request(raw, context), context)
+                return await result if inspect.isawaitable(result) else result
 
             return grpc.unary_unary_rpc_method_handler(unary_unary, None, handler.response_serializer)
 
         inner_us: Handler = handler.unary_stream
         if inspect.isasyncgenfunction(inner_us):
             async def unary_stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                req = await request(raw, context)
-                _send_limit.set(limit)  # this call's own task: nothing else sees it
-                async for msg in inner_us(req, context):
+                async for msg in inner_us(await request(raw, context), context):
                     yield msg
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, None, handler.response_serializer)
 
         async def unary_stream_writer(raw: bytes, context: grpc.aio.ServicerContext) -> None:
             """For handlers that write with context.write (grpc's health Watch) instead of yielding."""
-            req = await request(raw, context)
-            _send_limit.set(limit)
-            result = inner_us(req, context)
+            result = inner_us(await request(raw, context), context)
             if inspect.isawaitable(result):
                 await result
 

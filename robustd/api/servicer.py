@@ -1,6 +1,6 @@
 """NodeHealth: reads the engine's state and the event log; it never computes health itself.
 
-Every answer fits in one message (`requests.send_limit()`, listen.max_message_bytes): events are
+Every answer fits in one message (`max_message_bytes`, listen.max_message_bytes): events are
 bounded when their conditions are made (bounds.py), ListEvents stops before the limit and says where
 to go on, and GetVerdict abridges its least severe conditions if the caps were raised past what fits.
 """
@@ -26,8 +26,10 @@ HEADROOM = 64  # bytes of a response beside what is measured (scalars set after 
 
 
 class NodeHealthServicer(pb_grpc.NodeHealthServicer):
-    def __init__(self, engine: Engine, node: str, boot_id: str, checks: Callable[[], Sequence[CheckState]]):
+    def __init__(self, engine: Engine, node: str, boot_id: str, checks: Callable[[], Sequence[CheckState]],
+                 max_message_bytes: int = 4 << 20):
         self.engine = engine
+        self.limit = max_message_bytes  # the largest message a call may send (listen.max_message_bytes)
         self.node = node
         self.boot_id = boot_id
         self.checks = checks
@@ -40,7 +42,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         v = pb.Verdict(node=self.node, severity=int(severity), action=int(action), seq=head, at=convert.ts(time.time()),
                        boot_id=self.boot_id, emulated=self._emulated(),
                        event_log_error=convert.label(self.engine.store_error), events_held=len(self.engine.backlog))
-        budget = requests.send_limit() - v.ByteSize() - HEADROOM
+        budget = self.limit - v.ByteSize() - HEADROOM
         fields = self._serialised.fields(conds)
         if sum(map(len, fields)) <= budget:  # always, with the default caps and message limit
             v.MergeFromString(b"".join(fields))
@@ -66,7 +68,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                 last = requests.seq(request.from_seq, "from_seq")
             except requests.Invalid as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            limit = requests.send_limit()
+            limit = self.limit
             if last == 0:
                 await self.engine.settled()
                 conds, head = self.engine.snapshot()
@@ -130,7 +132,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         events = store.query(since=since, component=request.component, min_severity=request.min_severity,
                              limit=request.limit or 100, after_seq=after_seq)
         resp = pb.ListEventsResponse(oldest_seq=store.oldest_seq(), head_seq=store.head_seq())
-        budget = requests.send_limit() - resp.ByteSize() - HEADROOM
+        budget = self.limit - resp.ByteSize() - HEADROOM
         out: list[pb.Event] = []
         used = 0
         for e in events:
@@ -164,4 +166,4 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                                 f"on {bounds.echo(request.component)}")
         except NotWritten as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-        return pb.AcknowledgeResponse(event=convert.event_within(ev, requests.send_limit()))
+        return pb.AcknowledgeResponse(event=convert.event_within(ev, self.limit))
