@@ -77,7 +77,8 @@ class _Fold:
     hashes: set[int] = field(default_factory=set)
     examples: list[str] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)  # the catch-all's examples of codes
-    ncodes: int = 0
+    ncodes: int = 0  # distinct codes the catch-all folded (counted by hash, within MAX_FOLD_TRACKED)
+    code_hashes: set[int] = field(default_factory=set)
     exact: bool = True
 
 
@@ -274,17 +275,16 @@ class Policy:
             if key in self.conditions:  # a check named a component `*` itself: it becomes the catch-all
                 self._per_code[key[1]] -= 1
         new_component = self._remember(fold, f.component)
-        if key == CATCH_ALL and f.code not in fold.codes:
-            fold.ncodes += 1
-            if len(fold.codes) < FOLD_EXAMPLES:
-                fold.codes.append(f.code)
+        new_code = key == CATCH_ALL and self._remember_code(fold, f.code)
         is_state = f.kind is FindingKind.STATE
         if not is_state or new_component:
             self._note(key, now)
         existing = self.conditions.get(key)
-        message, evidence = _fold_text(key, fold)
         if existing is None:
+            message, evidence = _fold_text(key, fold)
             return self._raise(key, meaning, meaning.action, message, evidence, source, at, now, is_state)
+        # The text only changes when something new was folded: a storm of repeats does not rebuild it.
+        message, evidence = _fold_text(key, fold) if new_component or new_code else (existing.message, {})
         t = self._tracks[key]
         worst = replace(meaning, severity=max(meaning.severity, t.meaning.severity),
                         action=max(meaning.action, t.meaning.action), sticky=meaning.sticky or t.meaning.sticky,
@@ -293,6 +293,18 @@ class Policy:
         t.state = t.state or is_state
         return self._repeat(key, existing, worst, message, evidence, at, now, is_state,
                             count=not is_state or new_component)
+
+    def _remember_code(self, fold: _Fold, code: str) -> bool:
+        """Whether `code` is new to the catch-all (the first FOLD_EXAMPLES are named in its text)."""
+        h = hash(code)
+        if h in fold.code_hashes or self._tracked >= MAX_FOLD_TRACKED:
+            return False
+        fold.code_hashes.add(h)
+        self._tracked += 1
+        fold.ncodes += 1
+        if len(fold.codes) < FOLD_EXAMPLES:
+            fold.codes.append(code)
+        return True
 
     def _remember(self, fold: _Fold, component: str) -> bool:
         """Whether `component` is new to `fold` (counted once however often it is folded)."""
@@ -374,7 +386,7 @@ def _fold_text(key: Key, fold: _Fold) -> tuple[str, dict[str, str]]:
         evidence = {"folded": str(fold.folded), "limit": fold.limit, "examples": examples}
     if not fold.exact:
         evidence["folded_exact"] = "false"
-    return message, evidence
+    return bounds.text(message, bounds.MAX_MESSAGE), evidence
 
 
 def _restored_fold(c: Condition) -> _Fold:
@@ -383,4 +395,5 @@ def _restored_fold(c: Condition) -> _Fold:
     examples = [e for e in c.evidence.get("examples", "").split(", ") if e and e != "..."]
     codes = [x for x in c.evidence.get("codes", "").split(", ") if x and x != "..."]
     return _Fold(limit=c.evidence.get("limit", ""), folded=int(folded) if folded.isdigit() else 0,
-                 examples=examples[:FOLD_EXAMPLES], codes=codes[:FOLD_EXAMPLES], ncodes=len(codes))
+                 examples=examples[:FOLD_EXAMPLES], codes=codes[:FOLD_EXAMPLES], ncodes=len(codes),
+                 code_hashes={hash(x) for x in codes})

@@ -269,6 +269,20 @@ def test_the_global_cap_folds_new_codes_and_past_the_fold_overs_one_catch_all_ta
     assert p.conditions[("gpu/*", "XID_1005")].evidence["folded"] == "2"
 
 
+def test_the_catch_all_counts_distinct_codes_and_its_message_stays_bounded() -> None:
+    """Repeats of a code the catch-all already folded do not count again, and its text, however many
+    codes and components it names, stays within bounds.MAX_MESSAGE in memory (as GetVerdict sends it)."""
+    from robustd import bounds
+
+    p = policy(max_conditions=1, max_foldovers=1)
+    long = [f"XID_{1000 + i}" + "9" * 40 for i in range(6)]  # long codes and components make a long text
+    components = [f"gpu/{'a' * 100}{i:03d}" for i in range(18)]
+    p.apply([f(code, g) for code, g in zip(long * 3, components, strict=True)], "kernel", now=0.0)
+    catch_all = p.conditions[("*", "CONDITIONS_OVERFLOW")]
+    assert " with 5 codes " in catch_all.message  # XID_1000 and XID_1002..XID_1005; XID_1001 has a fold-over
+    assert len(catch_all.message.encode()) <= bounds.MAX_MESSAGE
+
+
 def test_a_fold_over_clears_by_its_own_hold_down_refreshed_by_each_folded_finding() -> None:
     p = policy(max_conditions_per_code=2)  # XID_13: WARNING, not sticky; hold-down 60 s
     p.apply([f("XID_13", g) for g in gpus(5)], "kernel", now=0.0)
