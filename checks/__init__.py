@@ -11,13 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from checks.gpu import GpuCheck
-    from checks.host import HostCheck
-    from checks.kernel import KernelCheck
-    from checks.nic import NicCheck
-    from checks.pcie import PcieCheck
-    from checks.thermal import ThermalCheck
+if TYPE_CHECKING:  # `X as X`: re-exported, as `__all__` says
+    from checks.gpu import GpuCheck as GpuCheck
+    from checks.host import HostCheck as HostCheck
+    from checks.kernel import KernelCheck as KernelCheck
+    from checks.nic import NicCheck as NicCheck
+    from checks.pcie import PcieCheck as PcieCheck
+    from checks.thermal import ThermalCheck as ThermalCheck
     from robustd.check import Check
 
     BUILTIN: list[type[Check]]
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 _MODULES = {"KernelCheck": "checks.kernel", "NicCheck": "checks.nic", "GpuCheck": "checks.gpu",
             "PcieCheck": "checks.pcie", "ThermalCheck": "checks.thermal", "HostCheck": "checks.host"}
 
-__all__ = ["BUILTIN", "KernelCheck", "NicCheck", "GpuCheck", "PcieCheck", "ThermalCheck", "HostCheck"]
+__all__ = ["BUILTIN", *_MODULES]
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, RuleError, RuleSet, clip_line, load_rules
+from checks.kernel_rules import SHIPPED_RULE_FILES, RuleError, RuleSet, load_rules
 from checks.kmsg import KmsgReader, KmsgRecord, Overrun
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule
@@ -183,7 +183,7 @@ class KernelCheck(Check):
         for rec in records:
             wanted = report is None or report(rec)
             for line in rec.lines():
-                self._ring.append(clip_line(line))  # what every rule matches, and what evidence keeps
+                self._ring.append(line)  # the matcher clips what it matches, and evidence keeps that
                 if not wanted:
                     continue
                 at = wall - max(0.0, mono - rec.ts_usec / 1e6)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from robustd.bounds import MAX_CODE, MAX_COMPONENT, token
+from robustd.bounds import MAX_CODE, MAX_COMPONENT, is_token, token
 from robustd.codes import ActionName, CodeRule, SeverityName
 from robustd.config import ConfigError
 from robustd.model import Action, Finding, FindingKind, Severity
@@ -136,20 +136,15 @@ class CompiledRule:
     where: str
     literal: str = ""  # text every match contains (`required_literal`); a line without it is skipped
 
-    def match(self, window: Sequence[str]) -> Finding | None:
-        """A finding if the last `lines` lines of `window` match through their end.
-
-        Each line is clipped to `MAX_LINE_CHARS` first. A code that comes out as anything but an
-        ASCII UPPER_SNAKE token (a captured group the rule did not restrict) means the rule does
-        not describe this line: no finding, and the next rule may claim it. A component is made a
-        printable-ASCII token instead, because the fault is real even if a device name is odd.
-        """
-        if len(window) < self.lines:
-            return None
-        return self.match_text("\n".join(clip_line(line) for line in window[-self.lines:]))
-
     def match_text(self, text: str) -> Finding | None:
-        """`match` on the last `lines` lines already clipped and joined."""
+        """A finding if `text`, the last `lines` lines of a window, matches through its end.
+
+        Each line is clipped to `MAX_LINE_CHARS` and the lines are newline-joined by the caller
+        (`RuleSet.first`). A code that comes out as anything but an ASCII UPPER_SNAKE token (a
+        captured group the rule did not restrict) means the rule does not describe this line: no
+        finding, and the next rule may claim it. A component is made a printable-ASCII token
+        instead, because the fault is real even if a device name is odd.
+        """
         if self.literal not in text:
             return None
         m = self.regex.search(text)
@@ -322,7 +317,7 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
         problems.append(f"{at}: code: {code!r} is not UPPER_SNAKE")
         ok = False
     literal = re.sub(r"\{[^}]*\}", "", rule.component)
-    if not rule.component or token(literal, MAX_COMPONENT) != literal:
+    if not is_token(literal, MAX_COMPONENT):
         problems.append(f"{at}: component: {rule.component!r} must be printable ASCII without spaces")
         ok = False
     hints = []

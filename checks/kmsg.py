@@ -17,6 +17,7 @@ import errno
 import os
 import re
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 
 # One record is at most ~8 KiB of text plus dictionary; a short buffer makes read(2) fail EINVAL.
@@ -135,7 +136,7 @@ class KmsgReader:
         self.records_lost = 0  # records those gaps cost (where the count is known)
         self.last_seq = -1  # seq of the last record read
         self._broken = False  # EPIPE seen; the next record read closes the gap
-        self._overruns: list[Overrun] = []
+        self._overruns: deque[Overrun] = deque(maxlen=MAX_PENDING_OVERRUNS)  # the counters keep the rest
         self._fd: int | None = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         self._joiner = Joiner()
 
@@ -186,7 +187,7 @@ class KmsgReader:
         """Count a gap before `seq`, if there is one; a seq at or below the last is a re-read."""
         if self._broken or (self.last_seq >= 0 and seq > self.last_seq + 1):
             gap = Overrun(after_seq=self.last_seq, next_seq=seq)
-            self._overruns = [*self._overruns[-(MAX_PENDING_OVERRUNS - 1):], gap]  # the counters keep the rest
+            self._overruns.append(gap)
             self.overruns += 1
             self.records_lost += gap.lost or 0
             self._broken = False
@@ -194,7 +195,8 @@ class KmsgReader:
 
     def take_overruns(self) -> list[Overrun]:
         """The overruns noticed since the last call, oldest first."""
-        out, self._overruns = self._overruns, []
+        out = list(self._overruns)
+        self._overruns.clear()
         return out
 
     @property

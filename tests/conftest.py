@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -45,6 +46,20 @@ def inject_kmsg(*lines: str) -> None:
             os.write(fd, (line if line.endswith("\n") else line + "\n").encode())
         finally:
             os.close(fd)
+
+
+def bdf() -> str:
+    """A PCI address no other test uses, so lines from earlier tests can never be confused."""
+    n = uuid.uuid4().int
+    return f"{n % 0xffff:04x}:{(n >> 16) % 0xff:02x}:00"
+
+
+def cond(v: pb.Verdict, code: str, component: str | None = None) -> pb.Condition | None:
+    """The first condition of `v` with `code` (and `component`, when given), or None."""
+    for c in v.conditions:
+        if c.code == code and (component is None or c.component == component):
+            return c
+    return None
 
 
 def free_port() -> int:

@@ -8,34 +8,20 @@ import signal
 import stat
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from conftest import Daemon, inject_kmsg, need_root, plugin_env
+from conftest import Daemon, bdf, cond, inject_kmsg, need_root, plugin_env
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 
 
-def bdf() -> str:
-    """A PCI address no other test uses, so lines from earlier tests can never be confused."""
-    n = uuid.uuid4().int
-    return f"{n % 0xffff:04x}:{(n >> 16) % 0xff:02x}:00"
-
-
 def xid(addr: str, n: int, msg: str = "fault") -> str:
     return f"NVRM: Xid (PCI:{addr}): {n}, pid=4242, name=python, {msg}"
-
-
-def cond(v: pb.Verdict, code: str, component: str | None = None) -> pb.Condition | None:
-    for c in v.conditions:
-        if c.code == code and (component is None or c.component == component):
-            return c
-    return None
 
 
 class Watcher:

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import inject_kmsg, need_root
+from conftest import bdf, cond, inject_kmsg, need_root
 
 from checks.kernel_rules import (
     MAX_LINE_CHARS,
@@ -24,7 +24,7 @@ from checks.kernel_rules import (
     clip_line,
     load_rules,
 )
-from robustd.api.v1 import robustd_pb2 as pb
+from robustd.bounds import MAX_CODE, MAX_COMPONENT, is_token
 
 ARABIC_XID = "NVRM: Xid (PCI:0000:7e:00): \u0667\u0669, pid=1, name=python, GPU has fallen off the bus."
 LONG_XID = f"NVRM: Xid (PCI:0000:7e:00): {'7' * 300}, pid=1, name=python, GPU has fallen off the bus."
@@ -33,11 +33,6 @@ LONG_XID = f"NVRM: Xid (PCI:0000:7e:00): {'7' * 300}, pid=1, name=python, GPU ha
 @pytest.fixture(scope="module")
 def rules() -> RuleSet:
     return load_rules(SHIPPED_RULE_FILES)
-
-
-def is_ascii_token(text: str) -> bool:
-    """What a component or code must be: printable ASCII, no spaces, no control characters."""
-    return bool(text) and all("!" <= ch <= "~" for ch in text)
 
 
 def test_arabic_indic_digits_are_not_an_xid(rules: RuleSet) -> None:
@@ -79,8 +74,8 @@ def test_control_characters_in_a_device_name_are_escaped(rules: RuleSet, line: s
     """The fault is real, so it is reported; its component is an escaped ASCII token and the raw
     line stays in evidence for whoever needs to see exactly what the kernel said."""
     (f,) = rules.match([line])
-    assert f.code == code and is_ascii_token(f.code)
-    assert f.component.startswith(prefix) and is_ascii_token(f.component), f.component
+    assert f.code == code and is_token(f.code, MAX_CODE)
+    assert f.component.startswith(prefix) and is_token(f.component, MAX_COMPONENT), f.component
     assert "\\x1b" in f.component or "\\x07" in f.component
     assert f.evidence["line"] == line
 
@@ -162,18 +157,13 @@ def test_a_long_line_is_matched_on_its_bounded_head(rules: RuleSet) -> None:
     assert [f.code for f in rules.match([line[:MAX_LINE_CHARS]])] == ["FS_READONLY"]  # the same head, whole
 
 
-def _condition(v: pb.Verdict, code: str, component: str | None = None) -> pb.Condition | None:
-    return next((c for c in v.conditions if c.code == code and component in (None, c.component)), None)
-
-
 def test_daemon_verdict_has_no_forged_xid_and_only_ascii_components(make_daemon, tmp_path: Path) -> None:
     """Through the real daemon: the forged Xids raise nothing, the control characters in a device
     name reach GetVerdict escaped. A token rule (not a shipped one) carries the device-name case,
     so other daemons reading the same /dev/kmsg meanwhile see no new fault."""
     need_root("writing /dev/kmsg")
     token = f"rdt{uuid.uuid4().hex[:12]}"
-    n = uuid.uuid4().int
-    bus = f"{n % 0xffff:04x}:{(n >> 16) % 0xff:02x}:00"  # a bus id no other test uses
+    bus = bdf()  # a bus id no other test uses
     rules = tmp_path / "rules.yaml"
     rules.write_text("rules:\n"
                      f"  - code: RDT_DEVICE_FAULT\n    component: 'nic/{{dev}}'\n"
@@ -183,10 +173,10 @@ def test_daemon_verdict_has_no_forged_xid_and_only_ascii_components(make_daemon,
     d.start()
     inject_kmsg(ARABIC_XID.replace("0000:7e:00", bus), LONG_XID.replace("0000:7e:00", bus),
                 f"{token} fault on eth\x1b[2J\x07", f"{token} done")
-    v = d.wait_for(lambda v: _condition(v, "RDT_DONE") is not None, timeout=10)
+    v = d.wait_for(lambda v: cond(v, "RDT_DONE") is not None, timeout=10)
     gpu = f"gpu/{bus}.0"
     assert [c.code for c in v.conditions if c.component == gpu] == []
-    fault = _condition(v, "RDT_DEVICE_FAULT")
+    fault = cond(v, "RDT_DEVICE_FAULT")
     assert fault is not None and fault.component == "nic/eth\\x1b[2J\\x07"
     for c in v.conditions:
-        assert is_ascii_token(c.component) and is_ascii_token(c.code), (c.component, c.code)
+        assert is_token(c.component, MAX_COMPONENT) and is_token(c.code, MAX_CODE), (c.component, c.code)

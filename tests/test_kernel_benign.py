@@ -7,11 +7,10 @@ rule that claims one would drain healthy nodes. Blank lines and `#` lines are sk
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import inject_kmsg, need_root
+from conftest import bdf, inject_kmsg, need_root
 
 from checks.kernel_rules import SHIPPED_RULE_FILES, RuleSet, load_rules
 from robustd.api.v1 import robustd_pb2 as pb
@@ -63,8 +62,7 @@ def test_benign_corpus_raises_nothing_through_the_daemon(make_daemon) -> None:
     d = make_daemon()
     d.start()
     lines = [line for _, line in corpus()]
-    n = uuid.uuid4().int
-    bus = f"{n % 0xffff:04x}:{(n >> 16) % 0xff:02x}:00"
+    bus = bdf()
     sentinel = f"NVRM: Xid (PCI:{bus}): 13, pid=1, name=benign-sentinel, Graphics Exception: ESR 0x0=0x0"
     inject_kmsg(*lines, sentinel)
     v = d.wait_for(lambda v: any(c.component == f"gpu/{bus}.0" and c.code == "XID_13" for c in v.conditions),

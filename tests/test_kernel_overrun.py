@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import KMSG, REAL_BOOT_ID, inject_kmsg, need_root
+from conftest import KMSG, REAL_BOOT_ID, cond, inject_kmsg, need_root
 
 from checks.kernel import OVERRUN_BURST_S, KernelCheck
 from checks.kmsg import MAX_PENDING_OVERRUNS, KmsgReader
@@ -198,21 +198,9 @@ def _seq_of(text: str) -> int:
         return next(rec.seq for rec in r.read_available() if rec.message == text)
 
 
-def _write(line: str) -> None:
-    fd = os.open(KMSG, os.O_WRONLY)  # one open per line: writes are rate-limited per open file
-    try:
-        os.write(fd, f"{line}\n".encode())
-    finally:
-        os.close(fd)
-
-
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
-
-
-def _condition(v: pb.Verdict, code: str, component: str) -> pb.Condition | None:
-    return next((c for c in v.conditions if c.code == code and c.component == component), None)
 
 
 def test_real_overrun_while_daemon_is_stalled_reaches_getverdict(make_daemon, tmp_path: Path) -> None:
@@ -232,11 +220,11 @@ def test_real_overrun_while_daemon_is_stalled_reaches_getverdict(make_daemon, tm
         while not _stopped(d.proc.pid):
             assert time.monotonic() < deadline, "the daemon did not stop"
             time.sleep(0.01)
-        _write(f"{token} stalled")  # written after the daemon stopped reading
+        inject_kmsg(f"{token} stalled")  # written after the daemon stopped reading
         stalled = _seq_of(f"{token} stalled")
         filler = f"robustd-test overrun filler {token} " + "x" * 800
         for i in range(100_000):  # until the ring no longer holds the first record the daemon missed
-            _write(f"{filler} {i}")
+            inject_kmsg(f"{filler} {i}")
             if i % 64 == 63 and _seqs()[0] > stalled:
                 break
         else:
@@ -244,8 +232,8 @@ def test_real_overrun_while_daemon_is_stalled_reaches_getverdict(make_daemon, tm
         oldest = _seqs()[0]
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
-    v = d.wait_for(lambda v: _condition(v, "KMSG_OVERRUN", "check/kernel") is not None, timeout=15)
-    c = _condition(v, "KMSG_OVERRUN", "check/kernel")
+    v = d.wait_for(lambda v: cond(v, "KMSG_OVERRUN", "check/kernel") is not None, timeout=15)
+    c = cond(v, "KMSG_OVERRUN", "check/kernel")
     assert c is not None
     assert (c.severity, c.action, c.sticky) == (pb.SEVERITY_WARNING, pb.ACTION_NONE, False)
     lost = int(c.evidence["records_lost_total"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from conftest import Daemon, inject_kmsg, need_root
@@ -342,22 +341,16 @@ def test_daemon_clears_on_the_drivers_all_clear(make_daemon) -> None:
 def test_required_literal_is_in_every_match(rules: RuleSet) -> None:
     """RuleSet skips a rule's regex when the line lacks the rule's required literal; that must never
     hide a match. Checked on every example and counter-example and on hostile lines built from them."""
-    import yaml
-    from test_rule_timing import hostile_lines
+    from test_rule_timing import example_texts, hostile_lines, shipped_raw
 
     from checks.kernel_rules import required_literal
 
-    raw = {}
-    for path in SHIPPED_RULE_FILES:
-        for r in yaml.safe_load(Path(path).read_text(encoding="utf-8"))["rules"]:
-            raw[r.get("name") or r.get("code") or f"resolve {r['resolves']}"] = r
+    raw = shipped_raw()
+    examples = [text for r in raw.values() for text in example_texts(r)]
     assert sum(bool(r.literal) for r in rules.rules) >= len(rules.rules) - 2  # nearly every rule has one
     for rule in rules.rules:
         assert rule.literal == required_literal(rule.regex)
-        texts = [ex if isinstance(ex, str) else ex["line"]
-                 for r in raw.values() for ex in r.get("examples", []) + r.get("counter_examples", [])]
-        texts += list(hostile_lines(raw[rule.name]))[::7]
-        for text in texts:
+        for text in examples + list(hostile_lines(raw[rule.name]))[::7]:
             if rule.regex.search(text):
                 assert rule.literal in text, (rule.name, rule.literal, text[:120])
 

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 from conftest import Daemon, inject_kmsg, need_root
+from test_kernel_benign import corpus
 
 from checks.kernel_rules import SHIPPED_RULE_FILES, RuleSet, load_rules
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeTable
 from robustd.model import Action, Finding, Severity
-
-BENIGN_HOST = Path(__file__).parent / "fixtures" / "kmsg-benign" / "host.txt"
 
 W, C = Severity.WARNING, Severity.CRITICAL
 
@@ -282,10 +281,9 @@ def test_lines_that_share_words_raise_nothing(rules: RuleSet, line: str) -> None
 def test_benign_host_corpus_raises_nothing(rules: RuleSet) -> None:
     """tests/fixtures/kmsg-benign/host.txt line by line and as one stream (tests/test_kernel_benign.py runs
     every corpus file through the daemon as well)."""
-    lines = [line for line in BENIGN_HOST.read_text(encoding="utf-8").splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [line for name, line in corpus() if name == "host.txt"]
     assert len(lines) >= 60
-    assert [(line, [f.code for f in rules.match([line])]) for line in lines if rules.match([line])] == []
+    assert [(line, codes) for line in lines if (codes := [f.code for f in rules.match([line])])] == []
     assert [(f.code, f.evidence["line"]) for f in feed(rules, *lines)] == []
 
 
@@ -314,12 +312,12 @@ def host_daemon() -> Iterator[Daemon]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _case(name: str) -> tuple[list[str], str, str, str, int, int]:
-    """(records, component, code, token, severity, action) for class `name`, with fresh device names."""
-    t = _tok()
+def _cases(t: str) -> dict[str, tuple[list[str], str, str, str, int, int]]:
+    """(records, component, code, token, severity, action) for each class, with device names made from
+    `t` (eight hex digits, `_tok()`)."""
     n = int(t[:4], 16) % 90000 + 10000  # an NVMe controller number no other test uses
     dev, md = f"sdt{t}", f"mdt{t}"
-    cases = {
+    return {
         "soft-lockup": ([f"watchdog: BUG: soft lockup - CPU#7 stuck for 23s! [rdt{t}:25222]"],
                         "host", "SOFT_LOCKUP", f"rdt{t}", pb.SEVERITY_WARNING, pb.ACTION_REBOOT),
         "hard-lockup": ([f"NMI watchdog: Watchdog detected hard LOCKUP on cpu {n}"],
@@ -368,19 +366,16 @@ def _case(name: str) -> tuple[list[str], str, str, str, int, int]:
                             f"BTRFS info (device {dev}): forced readonly"],
                            f"disk/{dev}", "FS_READONLY", dev, pb.SEVERITY_CRITICAL, pb.ACTION_REBOOT),
     }
-    return cases[name]
 
 
-CLASSES = ["soft-lockup", "hard-lockup", "oops", "gpf", "kernel-bug", "ext4-error", "ext4-superblock",
-           "xfs-corruption", "xfs-io", "nvme-reset", "nvme-lost", "nvme-inaccessible", "nvme-no-path",
-           "md-degraded", "md-degraded-at-start", "md-failed", "btrfs-dev-errors", "btrfs-readonly"]
+CLASSES = list(_cases("0" * 8))
 
 
 @pytest.mark.parametrize("name", CLASSES)
 def test_each_class_through_the_daemon(host_daemon: Daemon, name: str) -> None:
     """Written to the real /dev/kmsg (one open per line: this host rate-limits writers per open),
     read by the daemon's kernel check, judged by the policy, read back with GetVerdict."""
-    records, component, code, token, severity, action = _case(name)
+    records, component, code, token, severity, action = _cases(_tok())[name]
     inject_kmsg(*records)
     v = host_daemon.wait_for(lambda v: _cond(v, component, code, token) is not None, timeout=15)
     c = _cond(v, component, code, token)

@@ -38,7 +38,8 @@ def _fill(unit: str, size: int = LINE) -> str:
     return (unit * (size // max(1, len(unit)) + 1))[:size]
 
 
-def _examples(raw: dict) -> list[str]:
+def example_texts(raw: dict) -> list[str]:
+    """The lines of a raw rule's examples and counter-examples, in order."""
     out = []
     for ex in raw.get("examples", []) + raw.get("counter_examples", []):
         out.append(ex if isinstance(ex, str) else ex["line"])
@@ -54,7 +55,7 @@ def _words(pattern: str) -> list[str]:
 def hostile_lines(raw: dict) -> Iterator[str]:
     """Single lines built to make one rule backtrack; each is `LINE` characters long."""
     words = _words(raw["pattern"])
-    samples = [line for ex in _examples(raw) for line in ex.split("\n")]
+    samples = [line for ex in example_texts(raw) for line in ex.split("\n")]
     for i in range(1, len(words) + 1):  # 'NVRM ', 'NVRM NVLink ', 'NVRM NVLink error ', ...
         yield _fill(" ".join(words[:i]) + " ")
         yield _fill("".join(words[:i]))
@@ -77,7 +78,7 @@ def hostile_lines(raw: dict) -> Iterator[str]:
 def hostile_windows(raw: dict) -> Iterator[list[str]]:
     """Windows of `lines` lines for the rule: hostile lines, alone and after a real first line."""
     n = int(raw.get("lines", 1))
-    samples = [ex.split("\n") for ex in _examples(raw)]
+    samples = [ex.split("\n") for ex in example_texts(raw)]
     for line in hostile_lines(raw):
         yield [line] * n
         for s in samples:
@@ -101,13 +102,18 @@ def best_time(rule: CompiledRule, window: list[str]) -> float:
     return best
 
 
-@pytest.fixture(scope="module")
-def shipped() -> tuple[RuleSet, dict[str, dict]]:
+def shipped_raw() -> dict[str, dict]:
+    """Every shipped rule as parsed YAML, by the name `load_rules` gives it."""
     raw = {}
     for path in SHIPPED_RULE_FILES:
-        for r in yaml.safe_load(Path(path).read_text())["rules"]:
+        for r in yaml.safe_load(Path(path).read_text(encoding="utf-8"))["rules"]:
             raw[r.get("name") or r.get("code") or f"resolve {r['resolves']}"] = r
-    return load_rules(SHIPPED_RULE_FILES), raw
+    return raw
+
+
+@pytest.fixture(scope="module")
+def shipped() -> tuple[RuleSet, dict[str, dict]]:
+    return load_rules(SHIPPED_RULE_FILES), shipped_raw()
 
 
 def test_generator_builds_lines_for_every_rule(shipped: tuple[RuleSet, dict[str, dict]]) -> None:
