@@ -158,10 +158,6 @@ def start_failure(d: Daemon) -> tuple[int, float, list[str]]:
     return code, took, [line for line in d.log().splitlines() if line.strip()]
 
 
-def errors(lines: list[str]) -> list[str]:
-    return [line for line in lines if "ERROR" in line or "error" in line.split(":", 1)[0]]
-
-
 def test_metrics_port_in_use_fails_start_fast_with_one_line(make_daemon: Any) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

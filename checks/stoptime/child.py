@@ -23,6 +23,9 @@ STATUSES = (PASS, FAIL, SKIPPED, ERROR)
 
 MAX_SPEC_BYTES = 1 << 20  # the daemon writes a few KiB
 EXIT_CANNOT_RUN = 2  # PROTOCOL.md: non-zero = the test itself could not run
+# Bounds every child puts on a spec's `timeout` (seconds) and on the ranks (GPUs or CPU ranks) of one node.
+MAX_TIMEOUT = 7 * 86400.0
+MAX_LOCAL_RANKS = 1024
 
 
 class SpecError(ValueError):
@@ -110,6 +113,27 @@ def bounded_list(value: Any, key: str, max_items: int) -> list[Any]:
     if len(value) > max_items:
         raise SpecError(f"{key} has {len(value)} items, at most {max_items} are allowed")
     return value
+
+
+def spec_gpus(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """spec.gpus: at most `MAX_LOCAL_RANKS` objects; absent is []. Raises SpecError."""
+    gpus = bounded_list(spec.get("gpus"), "gpus", MAX_LOCAL_RANKS)
+    if not all(isinstance(g, dict) for g in gpus):
+        raise SpecError("gpus must be a list of objects")
+    return gpus
+
+
+def spec_faults(spec: dict[str, Any]) -> dict[str, Any]:
+    """spec.faults (test-only fault injection): an object; absent is {}. Raises SpecError."""
+    faults = spec.get("faults") or {}
+    if not isinstance(faults, dict):
+        raise SpecError("faults must be an object")
+    return faults
+
+
+def spec_timeout(spec: dict[str, Any], default: float) -> float:
+    """spec.timeout in seconds, up to `MAX_TIMEOUT`; absent (or 0) is `default`. Raises SpecError."""
+    return bounded_float(spec.get("timeout") or None, "timeout", default, 1e-3, MAX_TIMEOUT)
 
 
 def cannot_run(why: str) -> int:

@@ -58,18 +58,21 @@ from typing import Any
 from checks.stoptime.child import (
     ERROR,
     FAIL,
+    MAX_LOCAL_RANKS,
     PASS,
     SKIPPED,
     SpecError,
     bounded_float,
     bounded_int,
-    bounded_list,
     bounded_str,
     cannot_run,
     emit_progress,
     emit_result,
     load_spec,
     rank_component,
+    spec_faults,
+    spec_gpus,
+    spec_timeout,
 )
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -86,8 +89,6 @@ DEFAULTS = {
 MB = 1 << 20
 M32 = 0xFFFFFFFF
 # Bounds on what a spec may ask for: each sizes a list, a loop or a buffer here.
-MAX_TIMEOUT = 7 * 86400.0
-MAX_LOCAL_RANKS = 1024  # GPUs or CPU ranks on this node
 MAX_NODES = 65536  # rendezvous world_size (the daemon's diagnostics.max_world_size is lower)
 MAX_GLOBAL_RANKS = 1 << 18  # nodes x local ranks: every launcher polls each one's phase
 MAX_SIZE_MB = 1 << 16
@@ -258,11 +259,9 @@ def run_worker(cfg: dict[str, Any], conn: Connection, phase: Any, store_box: lis
     phase(P_INIT)
     if test == "all_to_all":
         # A FileStore object, not a file:// URL: a relative path in a URL parses as a host name
-        # (file://./var/x is /var/x), and every rank then waits for a file nobody creates.
-        path = cfg["file_store"]
-        if not os.path.isabs(path):
-            raise ValueError(f"the FileStore path must be absolute, not {path!r}")  # a harness bug, never a rank's
-        file_store = run(dist.FileStore, path, world)
+        # (file://./var/x is /var/x), and every rank then waits for a file nobody creates. The path
+        # is absolute: run_all_to_all makes it from an absolute work directory.
+        file_store = run(dist.FileStore, cfg["file_store"], world)
         file_store.set_timeout(timeout)
         run(dist.init_process_group, cfg["backend"], store=file_store, rank=rank, world_size=world, timeout=timeout)
     else:
@@ -441,17 +440,12 @@ class Launcher:
         """Raises SpecError for a spec this launcher cannot run (the daemon records an ERROR)."""
         self.spec = spec
         self.test = spec["test"]
-        self.timeout = bounded_float(spec.get("timeout") or None, "timeout", DEFAULT_TIMEOUT, 1e-3, MAX_TIMEOUT)
+        self.timeout = spec_timeout(spec, DEFAULT_TIMEOUT)
         self.t0 = t0
         self.deadline = t0 + max(1.0, self.timeout - min(5.0, max(1.0, 0.1 * self.timeout)))
         self.backend = _backend(spec)
-        self.gpus = bounded_list(spec.get("gpus"), "gpus", MAX_LOCAL_RANKS)
-        if not all(isinstance(g, dict) for g in self.gpus):
-            raise SpecError("gpus must be a list of objects")
-        faults = spec.get("faults") or {}
-        if not isinstance(faults, dict):
-            raise SpecError("faults must be an object")
-        self.faults = dict(faults)
+        self.gpus = spec_gpus(spec)
+        self.faults = dict(spec_faults(spec))
         self.node = bounded_str(spec.get("node"), "node", "", 256)
         self.size_mb, self.iterations, self.warmup = _settings(spec, self.test, self.backend)
         self.total = self.iterations  # verified iterations (then as many timed ones)

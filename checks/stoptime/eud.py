@@ -22,6 +22,7 @@ from typing import Any
 from checks.stoptime.child import (
     ERROR,
     FAIL,
+    MAX_TIMEOUT,
     PASS,
     SKIPPED,
     Result,
@@ -36,7 +37,6 @@ from checks.stoptime.child import (
 
 DEFAULT_COMMAND = ["dcgmi", "diag", "-r", "eud", "-j"]
 DEFAULT_TIMEOUT = 3600.0
-MAX_TIMEOUT = 7 * 86400.0
 MAX_ARGS = 256
 MAX_ARG_LEN = 4096
 ROOT4 = "DCGM Diagnostic"

@@ -41,8 +41,6 @@ DEFAULT_STEPS = 20
 DEFAULT_CPU_RANKS = 4
 DEFAULT_TIMEOUT = 300.0
 MAX_STEPS = 100_000
-MAX_RANKS = 1024
-MAX_TIMEOUT = 7 * 86400.0
 HUNG_FACTOR = 2.0  # a rank still running after this many times the slowest finished rank's wall time hung
 
 # The model and the data: changing any of these changes every digest (and invalidates goldens).
@@ -72,18 +70,17 @@ def rank_components(spec: dict[str, Any]) -> list[str]:
     return [rank_component(spec, i) for i in range(n)]
 
 
-def check_spec(spec: dict[str, Any]) -> None:
-    """Raise SpecError for values this launcher would size things by (ranks, steps, timeout)."""
-    from checks.stoptime.child import SpecError, bounded_float, bounded_int, bounded_list
+def check_spec(spec: dict[str, Any]) -> tuple[int, float]:
+    """(steps, timeout) of the spec; raise SpecError for values this launcher would size things by
+    (ranks, steps, timeout) and for malformed faults."""
+    from checks.stoptime.child import MAX_LOCAL_RANKS, bounded_int, spec_faults, spec_gpus, spec_timeout
 
-    gpus = bounded_list(spec.get("gpus"), "gpus", MAX_RANKS)
-    if not all(isinstance(g, dict) for g in gpus):
-        raise SpecError("gpus must be a list of objects")
-    bounded_int(spec.get("cpu_ranks") or None, "cpu_ranks", DEFAULT_CPU_RANKS, 1, MAX_RANKS)
-    bounded_int(spec.get("steps") or None, "steps", DEFAULT_STEPS, 1, MAX_STEPS)
-    bounded_float(spec.get("timeout") or None, "timeout", DEFAULT_TIMEOUT, 1e-3, MAX_TIMEOUT)
-    if not isinstance(spec.get("faults") or {}, dict):
-        raise SpecError("faults must be an object")
+    spec_gpus(spec)
+    bounded_int(spec.get("cpu_ranks") or None, "cpu_ranks", DEFAULT_CPU_RANKS, 1, MAX_LOCAL_RANKS)
+    steps = bounded_int(spec.get("steps") or None, "steps", DEFAULT_STEPS, 1, MAX_STEPS)
+    timeout = spec_timeout(spec, DEFAULT_TIMEOUT)
+    spec_faults(spec)
+    return steps, timeout
 
 
 def majority(digests: list[str]) -> tuple[str | None, int]:
@@ -103,7 +100,6 @@ class RankOutcome:
     final_loss: float | None = None
     duration_s: float | None = None
     error: str | None = None  # why there is no usable digest: evidence against this rank (FAIL)
-    timed_out: bool = False  # hung rather than crashed
     skipped: str | None = None  # why this rank was not judged (the deadline came first, no evidence)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -364,22 +360,23 @@ def _collect(w: _Worker, out: RankOutcome) -> None:
                      first_loss=report["first_loss"])
 
 
-def launch(spec: dict[str, Any], spec_path: str) -> list[RankOutcome]:
-    """Run one worker per rank (all GPUs at once; at most one CPU rank per core) until done or the deadline."""
+def launch(spec: dict[str, Any], spec_path: str, steps: int, timeout: float) -> list[RankOutcome]:
+    """Run one worker per rank (all GPUs at once; at most one CPU rank per core) until done or the deadline.
+
+    `steps` and `timeout` are the spec's, as `check_spec` returns them."""
     from checks.stoptime.child import emit_progress
 
     components = rank_components(spec)
     n = len(components)
     gpus = spec.get("gpus") or []
     parallel = n if gpus else max(1, min(n, os.cpu_count() or 1))
-    timeout = float(spec.get("timeout") or DEFAULT_TIMEOUT)
     deadline = time.monotonic() + max(1.0, timeout - min(10.0, 0.1 * timeout))  # leave time to report
     outcomes = [RankOutcome(rank=i, component=c) for i, c in enumerate(components)]
     pending = list(range(n))
     running: dict[int, _Worker] = {}
     finished = 0
     walls: list[float] = []  # wall times (start to exit) of the workers that produced a digest
-    emit_progress(0.0, f"replaying {int(spec.get('steps') or DEFAULT_STEPS)} steps on {n} "
+    emit_progress(0.0, f"replaying {steps} steps on {n} "
                        f"{'GPU' if gpus else 'CPU rank'}s ({parallel} at a time)")
     with contextlib.ExitStack() as files:
         try:
@@ -412,7 +409,6 @@ def launch(spec: dict[str, Any], spec_path: str) -> list[RankOutcome]:
                             # Evidence: the same replay finished elsewhere in a fraction of this time.
                             outcomes[rank].error = (f"replay hung: not finished after {ran:.1f}s while the "
                                                     f"slowest other rank took {slowest:.1f}s")
-                            outcomes[rank].timed_out = True
                         else:
                             outcomes[rank].skipped = (f"replay did not finish within the {timeout:g}s timeout "
                                                       f"(ran {ran:.1f}s" + (f"; the slowest other rank took "
@@ -444,12 +440,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec = load_spec(["--spec", args.spec])
-        check_spec(spec)
+        steps, timeout = check_spec(spec)
     except SpecError as e:
         return cannot_run(f"bad spec: {e}")
 
     t0 = time.monotonic()
-    outcomes = launch(spec, os.path.abspath(args.spec))
+    outcomes = launch(spec, os.path.abspath(args.spec), steps, timeout)
     if not any(o.digest is not None for o in outcomes):
         # No digest to compare (every worker crashed: no torch, no CUDA...; or none finished in time):
         # the test itself could not run, whatever the reason, and nothing is known about any device.
@@ -460,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = sorted({o.extra["torch_version"] for o in outcomes if "torch_version" in o.extra})
     host_details = {"torch_version": versions[0] if len(versions) == 1 else ",".join(versions) or None,
                     "device": (gpus[0].get("name") or "unknown GPU") if gpus else "cpu",
-                    "steps": int(spec.get("steps") or DEFAULT_STEPS), "model": MODEL_ID}
+                    "steps": steps, "model": MODEL_ID}
     for r in judge(outcomes, spec.get("golden") or None, noun, host_details, time.monotonic() - t0):
         emit_result(r["component"], r["status"], r["message"], r["figures"], r["details"])
     emit_progress(100.0, "done")

@@ -20,13 +20,13 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from checks.stoptime.child import EXIT_CANNOT_RUN  # stdlib only; cannot_run's last stderr line says why
 from robustd.api.v1 import robustd_pb2 as pb
 
 MODULES = {"eud": "eud", "all_to_all": "collectives", "all_gather": "collectives", "minigpt": "minigpt"}
 STATUS = {"PASS": pb.RESULT_PASS, "FAIL": pb.RESULT_FAIL, "SKIPPED": pb.RESULT_SKIPPED, "ERROR": pb.RESULT_ERROR}
 KILL_GRACE = 10.0  # seconds past the test's own timeout before the daemon kills the tree
 STDERR_KEEP = 4000
-EXIT_CANNOT_RUN = 2  # checks.stoptime.child.cannot_run: the last stderr line says why
 # Bounds on what a child's stdout may make the daemon hold.
 MAX_LINE = 1 << 16
 MAX_RESULTS = 1024
@@ -167,17 +167,19 @@ def _handle(child: Child, raw: bytes, results: list[pb.TestResult], on_progress:
         results.append(_result(child.test, msg))
 
 
+def _finite(value: Any) -> bool:
+    """A JSON number that is finite (not a bool, not NaN or an infinity)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return 0.0
-    return float(value)
+    return float(value) if _finite(value) else 0.0
 
 
 def _result(test: str, msg: dict[str, Any]) -> pb.TestResult:
     figures_in = msg.get("figures") if isinstance(msg.get("figures"), dict) else {}
     details_in = msg.get("details") if isinstance(msg.get("details"), dict) else {}
-    figures = {str(k)[:MAX_KEY]: float(v) for k, v in list(figures_in.items())[:MAX_ENTRIES]
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    figures = {str(k)[:MAX_KEY]: float(v) for k, v in list(figures_in.items())[:MAX_ENTRIES] if _finite(v)}
     details = {str(k)[:MAX_KEY]: str(v)[:MAX_VALUE] for k, v in list(details_in.items())[:MAX_ENTRIES]}
     return pb.TestResult(test=test, component=str(msg.get("component") or "host")[:MAX_COMPONENT],
                          status=STATUS.get(str(msg.get("status", "")).upper(), pb.RESULT_ERROR),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from robustd.api import convert
+from robustd.api.requests import Invalid, duration
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeRule
 from robustd.config import DIAG_TESTS, DiagnosticsConfig
@@ -95,8 +96,8 @@ class DiagManager:
         self.store = engine.store
         self.config = config
         self.node = node
-        # Absolute whatever the caller passed: children get file paths (FileStore) from it.
-        self.work_root = os.path.join(os.path.abspath(state_dir), "diag")
+        # state_dir is absolute (config AbsPath): children get file paths (FileStore) from it.
+        self.work_root = os.path.join(state_dir, "diag")
         self.gpu_view = gpu_view
         self.cpu_model = cpu_model or "unknown CPU"
         self.running: Run | None = None
@@ -112,7 +113,7 @@ class DiagManager:
     # -- requests ------------------------------------------------------------------------------
     def start(self, req: pb.RunRequest) -> Run:
         cfg = self.config()
-        validate(req, cfg)
+        asked = validate(req, cfg)
         if self.running is not None:
             raise Busy(f"diagnostic {self.running.id} is running; one at a time per node")
         if req.tests and req.level:
@@ -143,7 +144,7 @@ class DiagManager:
                     raise ValueError("not an object")
             except ValueError as e:
                 raise BadRequest(f"test_faults_json: {e}") from e
-        timeout = req.timeout.ToNanoseconds() / 1e9 if req.HasField("timeout") else cfg.timeout
+        timeout = cfg.timeout if asked is None else asked
         now = time.time()
         run_id = f"diag-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
         report = pb.DiagnosticReport(id=run_id, outcome=pb.OUTCOME_RUNNING, node=self.node, tests=tests,
@@ -365,8 +366,9 @@ class DiagManager:
                      and "node_digest" in x.details), None)
 
 
-def validate(req: pb.RunRequest, cfg: DiagnosticsConfig) -> None:
-    """Refuse (BadRequest → INVALID_ARGUMENT) what no test could use, before anything starts.
+def validate(req: pb.RunRequest, cfg: DiagnosticsConfig) -> float | None:
+    """Refuse (BadRequest → INVALID_ARGUMENT) what no test could use, before anything starts; return
+    the request's timeout in seconds (None when it sets none).
 
     An impossible rendezvous must not reach a child: a world_size of 2**32-1 grew one until the OOM
     killer came, and a port past 65535 made all_gather blame node rank 0 for the request's mistake.
@@ -379,9 +381,13 @@ def validate(req: pb.RunRequest, cfg: DiagnosticsConfig) -> None:
         raise BadRequest(f"gpus: at most {MAX_GPUS} bus ids of 1 to {MAX_BUS_ID} characters")
     if len(req.test_faults_json) > MAX_FAULTS_JSON:
         raise BadRequest(f"test_faults_json is longer than {MAX_FAULTS_JSON} bytes")
+    timeout = None
     if req.HasField("timeout"):
-        seconds = req.timeout.ToNanoseconds() / 1e9
-        if not 0 < seconds <= MAX_RUN_TIMEOUT:
+        try:
+            timeout = duration(req.timeout, "timeout")
+        except Invalid as e:
+            raise BadRequest(str(e)) from e
+        if not 0 < timeout <= MAX_RUN_TIMEOUT:
             raise BadRequest(f"timeout must be positive and at most {MAX_RUN_TIMEOUT / 86400:g} days")
     if req.HasField("rendezvous"):
         rv = req.rendezvous
@@ -397,6 +403,7 @@ def validate(req: pb.RunRequest, cfg: DiagnosticsConfig) -> None:
             raise BadRequest(f"rendezvous.node_rank must be below world_size {rv.world_size}, not {rv.node_rank}")
         if not RUN_ID.fullmatch(rv.run_id):
             raise BadRequest("rendezvous.run_id must be at most 128 characters of A-Z a-z 0-9 . _ : / @ + = -")
+    return timeout
 
 
 def codes() -> Mapping[str, CodeRule]:
