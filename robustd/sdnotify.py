@@ -70,8 +70,8 @@ def _watchdog_interval() -> float | None:
         return None
 
 
-def setup_logging(level: str) -> None:
-    """journald (with structured fields) under systemd, plain stderr otherwise."""
+def setup_logging(level: str, identifier: str = "robustd") -> None:
+    """journald (with structured fields, SYSLOG_IDENTIFIER `identifier`) under systemd, plain stderr otherwise."""
     root = logging.getLogger()
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     for h in list(root.handlers):
@@ -81,7 +81,7 @@ def setup_logging(level: str) -> None:
         try:
             from systemd.journal import JournalHandler
 
-            handler = JournalHandler(SYSLOG_IDENTIFIER="robustd")
+            handler = JournalHandler(SYSLOG_IDENTIFIER=identifier)
         except ImportError:
             pass  # stderr below: systemd puts it in the journal too, without the structured fields
     if handler is None:

@@ -114,7 +114,6 @@ class Agent:
         self.slurm = slurm or Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
         self.actor = Actor(self.cfg, self.slurm, self.store, self.node)
         self.diag_timeout = float(c.diagnostics.timeout)
-        self.levels = set(c.diagnostics.levels)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()
         self.stream: _Stream | None = None
@@ -144,9 +143,6 @@ class Agent:
         if saved.table is not None and saved.node in ("", self.node):
             self.table = saved.table
             self.saved_seq = saved.table.seq
-        if self.cfg.resume_check and self.cfg.resume_check not in self.levels:
-            log.warning("slurm.resume_check %r is not a level in diagnostics.levels: a node rebooted by robustd will "
-                        "stay drained", self.cfg.resume_check)
         log.info("robustd-slurm %s: Slurm node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
                  self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
         self.notifier.ready(f"node {self.node}: connecting to robustd")
@@ -159,8 +155,9 @@ class Agent:
 
     def _turn(self) -> None:
         now = time.monotonic()
+        connected = False
         if self.stream is None and now >= self.next_connect:
-            self._connect()
+            connected = self._connect()
         if self.stream is None:  # nothing but a reconnect is worth waking for: nothing is decided meanwhile
             due = [self.next_connect]
         else:
@@ -174,7 +171,7 @@ class Agent:
         reconcile = now >= self.next_reconcile
         if reconcile:
             self.next_reconcile = now + self.cfg.reconcile_interval
-            if not self._probe():
+            if not connected and not self._probe():  # a connect this turn has just done what the probe does
                 return
         h = self._health()
         summary = (h.bad, h.newest_fault_seq, h.boot_id)
@@ -213,26 +210,24 @@ class Agent:
                         self.table.seq if self.table else 0)
             self.notifier.status(f"node {self.node}: robustd unreachable, changing nothing")
 
-    def _connect(self) -> None:
+    def _connect(self) -> bool:
+        """GetVerdict, then Watch from the table's seq; False (and a backoff) when robustd does not answer."""
         try:
             v = client.get_verdict(self.socket, RPC_TIMEOUT)
         except client.Unreachable as e:
             self._error(f"robustd unreachable ({e}); changing nothing in Slurm until it answers")
             self.next_connect = time.monotonic() + self.connect_backoff
             self.connect_backoff = min(self.connect_backoff * 2, CONNECT_BACKOFF[1])
-            return
-        if self.table is None or self.table.seq > v.seq:
-            if self.table is not None:
-                log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
-                            v.seq, self.table.seq)
-            self.table = table_from(v)
-        self.table.boot_id = v.boot_id
+            return False
+        self._sync(v)
+        assert self.table is not None
         self.stream = _Stream(self.socket, self.table.seq, self.events)
         self.stream.start()
         self.connect_backoff = CONNECT_BACKOFF[0]
         self.summary = None  # look at Slurm once connected (at start: the reconcile on start)
         self._last_error = ""
         log.info("watching robustd from seq %d (node verdict seq %d, boot %s)", self.table.seq, v.seq, v.boot_id)
+        return True
 
     def _probe(self) -> bool:
         """At each reconcile: robustd still answers (else change nothing), and its boot id is current."""
@@ -241,13 +236,22 @@ class Agent:
         except client.Unreachable as e:
             self._error(f"reconcile skipped: robustd unreachable ({e})")
             return False
-        assert self.table is not None
-        if v.seq < self.table.seq:  # the daemon's log was reset under a live stream
-            self.table = table_from(v)
+        if self._sync(v):  # the daemon's log was reset under a live stream
             if self.stream is not None:
                 self.stream.cancel()
             return False
-        self.table.boot_id = v.boot_id
+        return True
+
+    def _sync(self, v: pb.Verdict) -> bool:
+        """Bring the table up to the daemon's verdict `v`: its boot id, or a new snapshot when there is no
+        table yet or the daemon's newest seq is below ours (its event log was reset). True: a new snapshot."""
+        if self.table is not None and v.seq >= self.table.seq:
+            self.table.boot_id = v.boot_id
+            return False
+        if self.table is not None:
+            log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
+                        v.seq, self.table.seq)
+        self.table = table_from(v)
         return True
 
     def _health(self) -> Health:
@@ -390,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
     p.add_argument("--version", action="version", version=f"robustd-slurm {__version__}")
     args = p.parse_args(argv)
-    setup_logging("info")
+    setup_logging("info", identifier="robustd-slurm")
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
@@ -400,11 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{settings.source}: config OK (Slurm node {node_name(settings.config.slurm)}, "
               f"state {state_path(settings)})")
         return 0
-    setup_logging(settings.config.log_level)
-    for handler in logging.getLogger().handlers:  # journald: our own SYSLOG_IDENTIFIER, not the daemon's
-        extra = getattr(handler, "_extra", None)
-        if isinstance(extra, dict) and "SYSLOG_IDENTIFIER" in extra:
-            extra["SYSLOG_IDENTIFIER"] = "robustd-slurm"
+    setup_logging(settings.config.log_level, identifier="robustd-slurm")  # journald: our own SYSLOG_IDENTIFIER
     return Agent(settings).run()
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from robustd.adapters.slurm.model import ACTIONS, SEVERITIES, Cond
+from robustd.adapters.slurm.model import Cond, action_name, severity_name
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 
@@ -27,8 +27,8 @@ def open_channel(socket: str) -> grpc.Channel:
 
 
 def cond(c: Any) -> Cond:
-    return Cond(component=c.component, code=c.code, severity=SEVERITIES.get(c.severity, "OK"),
-                action=ACTIONS.get(c.action, "NONE"), seq=int(c.seq))
+    return Cond(component=c.component, code=c.code, severity=severity_name(c.severity),
+                action=action_name(c.action), seq=int(c.seq))
 
 
 def get_verdict(socket: str, timeout: float) -> pb.Verdict:
@@ -78,5 +78,5 @@ def report_summary(r: pb.DiagnosticReport) -> str:
     """One line: what failed, on what, and what would fix it."""
     failed = sorted({x.test for x in r.results if x.status == pb.RESULT_FAIL})
     suspects = ", ".join(list(r.suspects)[:4]) + (f" +{len(r.suspects) - 4} more" if len(r.suspects) > 4 else "")
-    action = ACTIONS.get(r.action, "NONE")
+    action = action_name(r.action)
     return f"{','.join(failed) or 'tests'} failed on {suspects or 'the node'} (action {action})"

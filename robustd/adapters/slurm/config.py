@@ -19,11 +19,18 @@ from typing import Annotated, Any, Iterator, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from robustd.durations import Duration, PositiveDuration
+from robustd.model import Action
 from robustd.paths import AbsPath, NameOrPath
 
-ACTIONS = ("NONE", "RESTART_JOB", "RESET_GPU", "REBOOT", "HW_INSPECT")  # least to most drastic (robustd.model.Action)
+ACTIONS = tuple(Action.__members__)  # least to most drastic
 DEFAULT_PREFIX = "robustd:"
 HEALTHCHECK_KILL = 60.0  # Slurm 22.05 kills HealthCheckProgram after 60 s; the hooks must end well before
+
+
+def plain_char(ch: str) -> bool:
+    """Printable ASCII other than quotes and backslashes: what a Slurm reason (and robustd's prefix) may hold."""
+    return " " <= ch <= "~" and ch not in "\"'\\"
+
 
 _levels: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("robustd_diag_levels", default=None)
 
@@ -100,7 +107,7 @@ class SlurmConfig(BaseModel):
     def _prefix(cls, value: str) -> str:
         if not value or len(value) > 32:
             raise ValueError("must be 1 to 32 characters")
-        if value != value.strip() or any(not (" " <= ch <= "~") or ch in "\"'\\" for ch in value):
+        if value != value.strip() or not all(plain_char(ch) for ch in value):
             raise ValueError("must be printable ASCII without quotes, backslashes or surrounding spaces")
         return value
 

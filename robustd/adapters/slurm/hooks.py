@@ -31,8 +31,8 @@ from robustd.adapters.slurm import client
 from robustd.adapters.slurm.actor import Actor, Result
 from robustd.adapters.slurm.agent import load_settings, node_name, state_path
 from robustd.adapters.slurm.config import SlurmConfig
-from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, NodeView
-from robustd.adapters.slurm.rules import Health, assess
+from robustd.adapters.slurm.model import AgentState, NodeView
+from robustd.adapters.slurm.rules import Health, assess, fault_text, recent_resumes, respected
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
 from robustd.roots import DEFAULT_DEV
@@ -134,37 +134,34 @@ def _step(hook: Hook, h: Health) -> Result | None:
         return None
 
 
-def healthcheck(hook: Hook) -> int:
+def _health(hook: Hook, what: str) -> Health | None:
+    """The daemon's verdict; None (logged: "...; `what`") when robustd cannot be reached."""
     try:
-        h = hook.health()
+        return hook.health()
     except client.Unreachable as e:
-        log.warning("%s; changing nothing", e)
-        return EXIT_OK
-    _step(hook, h)
+        log.warning("%s; %s", e, what)
+        return None
+
+
+def healthcheck(hook: Hook) -> int:
+    h = _health(hook, "changing nothing")
+    if h is not None:
+        _step(hook, h)
     return EXIT_OK
 
 
 def prolog(hook: Hook) -> int:
-    try:
-        h = hook.health()
-    except client.Unreachable as e:
-        log.warning("%s; letting the job start", e)
+    h = _health(hook, "letting the job start")
+    if h is None:
         return EXIT_OK
+    r = _step(hook, h)  # a good verdict too: keeps the hold-down and ownership current, like the healthcheck
     if not h.bad:
-        _step(hook, h)  # keeps the hold-down and ownership current, like the healthcheck
         return EXIT_OK
-    r = _step(hook, h)
-    if r is not None and (r.suppressed is not None or (r.state is not None and r.state.respect_until_seq
-                                                        and h.newest_fault_seq <= r.state.respect_until_seq)):
+    if r is not None and (r.suppressed is not None or (r.state is not None and respected(r.state, h))):
         return EXIT_OK  # the breaker, or an operator's resume, keeps this node in service
-    log.error("refusing the job: node %s is CRITICAL (%s); drained: %s", hook.node, _fault(h),
+    log.error("refusing the job: node %s is CRITICAL (%s); drained: %s", hook.node, fault_text(h),
               (r.state.drain.reason if r and r.state and r.state.drain else "by someone else, or not yet"))
     return EXIT_REFUSE
-
-
-def _fault(h: Health) -> str:
-    c = h.worst
-    return f"{c.code} on {c.component}, action {c.action}" if c else "no fault"
 
 
 def job_failed(env: Mapping[str, str]) -> bool | None:
@@ -262,7 +259,7 @@ def status_text(name: str, cfg: SlurmConfig, st: AgentState, node: NodeView | No
             lines.append(f"self-check after reboot: {sc.outcome} {sc.report_id} {sc.message}".rstrip())
     else:
         lines.append("not drained by robustd")
-    recent = [t for t in st.resumes if now - t < FLAP_WINDOW]
+    recent = recent_resumes(st, now)
     lines.append(f"resumes by robustd in the last 24h: {len(recent)} (slurm.max_resumes {cfg.max_resumes})")
     if st.respect_until_seq:
         lines.append(f"someone resumed robustd's drain while a fault stood: faults up to seq {st.respect_until_seq} "

@@ -11,13 +11,33 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SEVERITIES = {1: "OK", 2: "WARNING", 3: "CRITICAL"}
-ACTIONS = {1: "NONE", 2: "RESTART_JOB", 3: "RESET_GPU", 4: "REBOOT", 5: "HW_INSPECT"}
-ACTION_RANK = {name: value for value, name in ACTIONS.items()}
-RAISED, UPDATED, CLEARED = 1, 2, 3  # robustd.v1.EventKind
+from robustd.model import Action, EventKind, Severity
+
+RAISED, UPDATED, CLEARED = EventKind.RAISED, EventKind.UPDATED, EventKind.CLEARED  # robustd.v1.EventKind
 
 FLAP_WINDOW = 86400.0  # resumes counted for max_resumes: the last 24 hours
 STATE_VERSION = 1
+
+
+def severity_name(value: int) -> str:
+    """A wire Severity's name; OK for a value this version does not know (UNSPECIFIED included)."""
+    try:
+        return Severity(value).name
+    except ValueError:
+        return "OK"
+
+
+def action_name(value: int) -> str:
+    """A wire Action's name; NONE for a value this version does not know (UNSPECIFIED included)."""
+    try:
+        return Action(value).name
+    except ValueError:
+        return "NONE"
+
+
+def action_rank(name: str) -> int:
+    """How drastic an action is (robustd.model.Action's order); 0 for a name it does not have."""
+    return Action[name].value if name in Action.__members__ else 0
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,8 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
-from robustd.adapters.slurm.config import SlurmConfig
+from robustd.adapters.slurm.config import SlurmConfig, plain_char
 from robustd.adapters.slurm.model import (
-    ACTION_RANK,
     FLAP_WINDOW,
     AgentState,
     Cond,
@@ -28,6 +27,7 @@ from robustd.adapters.slurm.model import (
     NodeView,
     SelfCheck,
     Suppression,
+    action_rank,
 )
 
 REASON_MAX = 256  # characters of a reason robustd writes (sinfo shows them whole; keep them readable)
@@ -57,7 +57,7 @@ class Health:
 def assess(conditions: list[Cond] | tuple[Cond, ...], cfg: SlurmConfig, seq: int, boot_id: str) -> Health:
     """Drain-worthy conditions, worst first: most drastic action, then the oldest change (a stable reason)."""
     faults = [c for c in conditions if c.severity == "CRITICAL" and c.action in cfg.drain_actions]
-    faults.sort(key=lambda c: (-ACTION_RANK.get(c.action, 0), c.seq, c.component, c.code))
+    faults.sort(key=lambda c: (-action_rank(c.action), c.seq, c.component, c.code))
     return Health(faults=tuple(faults), seq=seq, boot_id=boot_id)
 
 
@@ -77,13 +77,13 @@ class Plan:
     mode: str = ""  # for DRAIN
     note: str = ""  # what happened, for the log (one line)
     wake_at: float | None = None
-    flapping: bool = False  # for DRAIN: this drain is the one past max_resumes
+    flapping: bool = False  # for DRAIN and SET_REASON: past max_resumes, the node is held as flapping
     cancel_reboot: bool = False  # for RESUME: a reboot robustd asked for is still pending
 
 
 def clean(text: str) -> str:
     """A reason Slurm, sinfo and a terminal all take: printable ASCII, no quotes, bounded."""
-    out = "".join(ch if " " <= ch <= "~" and ch not in "\"'\\" else "?" for ch in text)
+    out = "".join(ch if plain_char(ch) else "?" for ch in text)
     return out if len(out) <= REASON_MAX else out[:REASON_MAX - 3] + "..."
 
 
@@ -95,10 +95,14 @@ def fault_text(h: Health) -> str:
     return f"{c.code} on {c.component} (action {c.action}, seq {c.seq}){more}"
 
 
+def _flapping_reason(prefix: str, resumes: int, what: str) -> str:
+    return clean(f"{prefix} flapping: {resumes} resumes in 24h, held drained; {what}")
+
+
 def drain_reason(cfg: SlurmConfig, h: Health, mode: str, flapping: bool, resumes: int) -> str:
     p = cfg.reason_prefix
     if flapping:
-        return clean(f"{p} flapping: {resumes} resumes in 24h, held drained; {fault_text(h)}")
+        return _flapping_reason(p, resumes, fault_text(h))
     if mode == "reboot":
         return clean(f"{p} reboot for {fault_text(h)}")
     return clean(f"{p} {fault_text(h)}")
@@ -106,6 +110,11 @@ def drain_reason(cfg: SlurmConfig, h: Health, mode: str, flapping: bool, resumes
 
 def recent_resumes(st: AgentState, now: float) -> list[float]:
     return [t for t in st.resumes if now - t < FLAP_WINDOW]
+
+
+def respected(st: AgentState, h: Health) -> bool:
+    """Someone resumed robustd's drain while a fault stood, and no fault event came since: leave the node be."""
+    return bool(st.respect_until_seq) and h.newest_fault_seq <= st.respect_until_seq
 
 
 def _adopt(node: NodeView, h: Health, cfg: SlurmConfig, now: float) -> DrainRecord:
@@ -176,9 +185,8 @@ def decide(cfg: SlurmConfig, h: Health, node: NodeView, st: AgentState, now: flo
         if cfg.max_resumes == 0:
             return Plan(Do.NOTHING, note=note or f"{node.name}: slurm.max_resumes is 0: an operator resumes it"), st
         if len(recent) >= cfg.max_resumes:
-            reason = clean(f"{prefix} flapping: {len(recent)} resumes in 24h, held drained; last: "
-                           f"{st.drain.reason.removeprefix(prefix).strip()}")
-            return Plan(Do.SET_REASON, reason=reason, note=note), st
+            reason = _flapping_reason(prefix, len(recent), f"last: {st.drain.reason.removeprefix(prefix).strip()}")
+            return Plan(Do.SET_REASON, reason=reason, note=note, flapping=True), st
         return Plan(Do.RESUME, note=note, cancel_reboot=cancel), st
 
     # In service.
@@ -198,7 +206,7 @@ def decide(cfg: SlurmConfig, h: Health, node: NodeView, st: AgentState, now: flo
         st.respect_until_seq = 0
         st.suppressed = None
         return Plan(Do.NOTHING, note=note), st
-    if h.newest_fault_seq <= st.respect_until_seq:
+    if respected(st, h):
         return Plan(Do.NOTHING, note=note), st
     recent = recent_resumes(st, now)
     flapping = bool(recent) and len(recent) >= cfg.max_resumes
@@ -224,7 +232,7 @@ def applied(plan: Plan, st: AgentState, h: Health, now: float) -> AgentState:
         _released(st)
     elif plan.do is Do.SET_REASON and st.drain is not None:
         st.drain = replace(st.drain, reason=plan.reason)
-        st.flapping = st.flapping or "flapping" in plan.reason
+        st.flapping = st.flapping or plan.flapping
     return st
 
 

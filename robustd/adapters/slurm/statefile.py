@@ -4,7 +4,8 @@ The agent and the hooks (HealthCheckProgram, Prolog, Epilog) may run at the same
 read-decide-act-write pass holds an flock on `<state_file>.lock`, and reads the file afresh under
 it: nobody writes from a stale copy. A write goes to a temporary file that is fsynced and renamed
 over the old one (then the directory is fsynced), so a crash or power loss leaves the old state or
-the new one, never half of either.
+the new one, never half of either. A write that would not change the file (the same bytes, and the
+file still the one this object last read or wrote) is skipped: most passes change nothing.
 """
 
 from __future__ import annotations
@@ -31,16 +32,25 @@ class StateFile:
     def __init__(self, path: str):
         self.path = path
         self.lock_path = path + ".lock"
+        self._known: tuple[bytes, tuple[int, int, int, int]] | None = None  # the file's bytes as last read/written
+
+    @staticmethod
+    def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+        """Which file this is and whether it changed: another writer's rename brings a new inode."""
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def read(self) -> AgentState:
         """The saved state; an empty one when there is none. A corrupt file is set aside (and said so)."""
+        self._known = None
         try:
-            with open(self.path, encoding="utf-8") as f:
-                text = f.read()
+            with open(self.path, "rb") as f:
+                raw = f.read()
+                identity = self._identity(os.fstat(f.fileno()))
         except FileNotFoundError:
             return AgentState()
+        text = raw.decode("utf-8")
         try:
-            return AgentState.from_json(json.loads(text))
+            st = AgentState.from_json(json.loads(text))
         except ValueError as e:
             aside = f"{self.path}.corrupt"
             with contextlib.suppress(OSError):
@@ -48,12 +58,21 @@ class StateFile:
             log.error("state file %s is unusable (%s); moved to %s, starting afresh (robustd's drains are still "
                       "recognised by their reason prefix)", self.path, e, aside)
             return AgentState()
+        self._known = (raw, identity)
+        return st
 
     def write(self, st: AgentState) -> None:
+        data = json.dumps(st.to_json(), separators=(",", ":")).encode()
+        if self._known is not None and self._known[0] == data:
+            try:
+                if self._identity(os.stat(self.path)) == self._known[1]:
+                    return  # the file holds these bytes already
+            except FileNotFoundError:
+                pass
+        self._known = None
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, mode=0o750, exist_ok=True)
         tmp = f"{self.path}.tmp.{os.getpid()}"
-        data = json.dumps(st.to_json(), separators=(",", ":")).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
         try:
             view = memoryview(data)
@@ -63,6 +82,8 @@ class StateFile:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
+        with contextlib.suppress(OSError):
+            self._known = (data, self._identity(os.stat(self.path)))
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(dfd)
