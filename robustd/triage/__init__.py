@@ -1,0 +1,17 @@
+"""Failure triage: read a failed job's logs and exit status, name the root cause, pick the next step.
+
+A pure library (no daemon, no root): `robustctl triage` calls it on files, `Diagnostics.Triage`
+on bytes a scheduler sends, and the Slurm epilog before it decides to run stop-time tests.
+
+    from robustd.triage import read_log, triage, to_json
+    answer = triage([read_log("rank3.log")], exit_code=1)
+    print(to_json(answer))   # {"class": "nccl", "infra": "likely", "next": "diagnose", ...}
+"""
+
+from robustd.triage.judge import triage
+from robustd.triage.model import CLASSES, INFRA, MAX_LOG_BYTES, MAX_LOGS, NEXT, Evidence, LogText, Triage
+from robustd.triage.reader import read_log
+from robustd.triage.render import to_json, to_text
+
+__all__ = ["CLASSES", "INFRA", "MAX_LOG_BYTES", "MAX_LOGS", "NEXT", "Evidence", "LogText", "Triage",
+           "read_log", "to_json", "to_text", "triage"]

@@ -1,0 +1,247 @@
+"""Find the failure lines in one log: rule matches and Python tracebacks no rule explains.
+
+Cost is bounded by the tail read (1 MiB by default), not the file: the gates are searched with
+bytes.find over the tail, only the lines holding one are decoded and matched, each line at most
+`MAX_LINE` bytes, and each gate yields at most `MAX_LINES_PER_GATE` lines (a rank that printed
+the same warning 100,000 times shows its first ones). A timestamp missing from a matched line is
+borrowed from the nearest earlier line of the same rank that has one (`LOOKBACK` lines at most).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from robustd.triage.lines import clean, rank_in, rank_of_file, split_prefix_weighted, stamp
+from robustd.triage.model import LogText
+from robustd.triage.rules import MAX_LINE, Rule, RuleSet
+
+TRACEBACK = b"Traceback (most recent call last)"
+CHAIN = (b"During handling of the above exception", b"The above exception was the direct cause")
+MAX_LINES_PER_GATE = 2000
+MAX_TRACEBACKS = 200
+MAX_TRACEBACK_LINES = 400  # a traceback longer than this (deep recursion) is judged on what was read
+LOOKBACK = 40
+
+
+@dataclass
+class Hit:
+    """One failure line: what claimed it, where it is, who printed it and when."""
+
+    klass: str
+    tier: str
+    priority: int
+    infra: str
+    next: str
+    level: str | None
+    description: str
+    rule: str
+    log: int  # index of the log in the triage
+    name: str
+    line: int
+    offset: int
+    text: bytes
+    rank: int | None
+    ts: float | None
+    rank_weight: int = 0  # 2: a global rank (prefix, [Rank N], file name); 1: a local rank or srun task
+    extra: list[tuple[int, int, bytes]] = field(default_factory=list)  # (line, offset, text) shown with it
+
+
+class LogScan:
+    """One log's tail, split into lines on demand."""
+
+    def __init__(self, log: LogText, index: int, rules: RuleSet):
+        self.log, self.index, self.rules = log, index, rules
+        self.data = log.data
+        self.start = 0
+        if not log.whole:  # the tail begins inside a line: that line is not judged
+            nl = self.data.find(b"\n")
+            self.start = len(self.data) if nl == -1 else nl + 1
+        self.file_rank = rank_of_file(log.name)
+        self._counted = (self.start, 1)  # (position, its line number): counting resumes from here
+
+    # --- lines -------------------------------------------------------------------------------
+
+    def line_start(self, i: int) -> int:
+        j = self.data.rfind(b"\n", self.start, i)
+        return self.start if j == -1 else j + 1
+
+    def line_end(self, ls: int) -> int:
+        j = self.data.find(b"\n", ls)
+        return len(self.data) if j == -1 else j
+
+    def line_no(self, ls: int) -> int:
+        pos, n = self._counted
+        if ls < pos:
+            pos, n = self.start, 1
+        n += self.data.count(b"\n", pos, ls)
+        self._counted = (ls, n)
+        return n
+
+    def parts(self, ls: int) -> tuple[bytes, int | None, bytes, int]:
+        """(prefix, prefix rank, cleaned body, end) of the line starting at `ls`."""
+        le = self.line_end(ls)
+        prefix, rank, body, _ = split_prefix_weighted(self.data[ls:min(le, ls + MAX_LINE)])
+        return prefix, rank, clean(body), le
+
+    def rank(self, ls: int, body: bytes) -> tuple[int | None, int]:
+        """(rank, weight) of the line at `ls`: its prefix's, else one it names, else the file's."""
+        prefix, rank, _, weight = split_prefix_weighted(self.data[ls:ls + 128])
+        named = rank_in(body)
+        if rank is not None and (weight == 2 or named is None or named[1] < 2):
+            return rank, weight
+        if named is not None:
+            return named
+        if body.lstrip().startswith(b"exitcode") and ls > self.start:  # torchrun's table: "rank : 3" above
+            above = rank_in(self.parts(self.line_start(ls - 1))[2])
+            if above is not None:
+                return above
+        return (self.file_rank, 2) if self.file_rank is not None else (None, 0)
+
+    def stamp_at(self, ls: int, prefix: bytes, body: bytes) -> float | None:
+        """This line's timestamp, else the nearest earlier one printed under the same prefix."""
+        ts = stamp(body)
+        n = 0
+        while ts is None and ls > self.start and n < LOOKBACK:
+            ls = self.line_start(ls - 1)
+            p, _, b, _ = self.parts(ls)
+            n += 1
+            if p == prefix:
+                ts = stamp(b)
+        return ts
+
+    # --- failure lines -----------------------------------------------------------------------
+
+    def candidate_lines(self) -> dict[int, set[bytes]]:
+        """Start of every line holding a gate (or a traceback header) -> the gates it holds."""
+        found: dict[int, set[bytes]] = {}
+        for gate in (*self.rules.gates, TRACEBACK):
+            i = self.data.find(gate, self.start)
+            n = 0
+            while i != -1 and n < (MAX_TRACEBACKS if gate is TRACEBACK else MAX_LINES_PER_GATE):
+                ls = self.line_start(i)
+                found.setdefault(ls, set()).add(gate)
+                n += 1
+                i = self.data.find(gate, self.line_end(i))
+        return found
+
+    def hits(self) -> list[Hit]:
+        out: list[Hit] = []
+        claimed: set[int] = set()
+        tracebacks: list[int] = []
+        for ls, gates in sorted(self.candidate_lines().items()):
+            if TRACEBACK in gates:
+                tracebacks.append(ls)
+                gates = gates - {TRACEBACK}
+            if not gates:
+                continue
+            prefix, prank, body, _ = self.parts(ls)
+            rule = self.rules.claim(body)
+            if rule is None:
+                continue
+            claimed.add(ls)
+            out.append(self._hit(rule, ls, prefix, body))
+        head = self._headless()
+        if head is not None:
+            tracebacks.insert(0, head)
+        for ls in tracebacks:
+            hit = self._traceback(ls, claimed)
+            if hit is not None:
+                out.append(hit)
+        return out
+
+    def _hit(self, rule: Rule, ls: int, prefix: bytes, body: bytes) -> Hit:
+        rank, weight = self.rank(ls, body)
+        return Hit(klass=rule.klass, tier=rule.tier, priority=rule.priority, infra=rule.infra, next=rule.next,
+                   level=rule.level, description=rule.description, rule=rule.name, log=self.index,
+                   name=self.log.name, line=self.line_no(ls), offset=self.log.offset + ls, text=self.text(ls),
+                   rank=rank, rank_weight=weight, ts=self.stamp_at(ls, prefix, body))
+
+    def text(self, ls: int) -> bytes:
+        """The whole line as printed (prefix included, colours removed), for evidence."""
+        return clean(self.data[ls:min(self.line_end(ls), ls + MAX_LINE)])
+
+    def _headless(self) -> int | None:
+        """-1 when the log begins inside a traceback (its header cut off by the tail): frames first."""
+        pos = self.start
+        for _ in range(3):
+            if pos >= len(self.data):
+                return None
+            _, _, body, end = self.parts(pos)
+            if body.strip():
+                return -1 if body.startswith(b" ") and body.lstrip().startswith(b'File "') else None
+            pos = end + 1
+        return None
+
+    def _traceback(self, ls: int, claimed: set[int]) -> Hit | None:
+        """A traceback whose exceptions no rule claimed: user_code, unless it was handled or is a launcher's."""
+        if ls == -1:  # the window starts in the traceback's frames
+            prefix, prank, head, le = self.parts(self.start)[:2] + (b"", self.start - 1)
+        else:
+            prefix, prank, head, le = self.parts(ls)
+        base = len(head) - len(head.lstrip(b" "))
+        exceptions: list[tuple[int, bytes]] = []  # (line start, body) of each exception in the chain
+        frame: tuple[int, bytes] | None = None
+        pos, n, after = le + 1, 0, None
+        while pos < len(self.data) and n < MAX_TRACEBACK_LINES:
+            p, r, body, end = self.parts(pos)
+            n += 1
+            here, pos = pos, end + 1
+            if p != prefix and (r is not None or prank is not None):
+                continue  # another rank's line, interleaved
+            text = body.strip(b" \t")
+            if not text:
+                continue
+            indent = len(body) - len(body.lstrip(b" "))
+            if after is not None:  # an exception was read: only a chain marker continues the traceback
+                if text.startswith(CHAIN) or text.startswith(TRACEBACK):
+                    after = None
+                    continue
+                after += 1
+                if after > 20:
+                    break
+                continue
+            if text.startswith(TRACEBACK) or text.startswith(CHAIN):
+                continue
+            if indent > base or text.startswith(b"^") or text.startswith(b"~"):
+                if text.startswith(b'File "'):
+                    frame = (here, body)
+                continue
+            exceptions.append((here, body))
+            after = 0
+        if not exceptions or any(at in claimed for at, _ in exceptions):
+            return None
+        at, body = exceptions[-1]
+        kind = body.strip().split(b":", 1)[0].rsplit(b".", 1)[-1].decode("ascii", "replace")
+        if not kind.isidentifier() or kind in self.rules.not_user_code:
+            return None
+        tier = "context" if self._lines_after(at, prefix) >= self.rules.handled_after else "cause"
+        spec = self.rules.classes["user_code"]
+        rank, weight = self.rank(at, body)
+        hit = Hit(klass="user_code", tier=tier, priority=spec.priority, infra=spec.infra, next=spec.next,
+                  level=None, description=f"{kind} raised in the job's code" if tier == "cause"
+                  else f"{kind} raised and handled (the job printed more after it)",
+                  rule="python-traceback", log=self.index, name=self.log.name, line=self.line_no(at),
+                  offset=self.log.offset + at, text=self.text(at), rank=rank, rank_weight=weight,
+                  ts=self.stamp_at(max(ls, self.start), prefix, head))
+        if frame is not None:
+            hit.extra.append((self.line_no(frame[0]), self.log.offset + frame[0], self.text(frame[0])))
+        return hit
+
+    def _lines_after(self, ls: int, prefix: bytes) -> int:
+        """Lines printed under the same prefix after `ls` (up to the handled_after bound)."""
+        limit = self.rules.handled_after
+        if not prefix:
+            return min(limit, self.data.count(b"\n", ls) - self.data.count(b" NCCL INFO ", ls))
+        n, pos = 0, self.line_end(ls) + 1
+        needle = b"\n" + prefix
+        while n < limit:
+            pos = self.data.find(needle, pos)
+            if pos == -1:
+                break
+            n += 1
+            pos += len(needle)
+        return n
+
+
+def scan(log: LogText, index: int, rules: RuleSet) -> list[Hit]:
+    return LogScan(log, index, rules).hits()
