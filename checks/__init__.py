@@ -1,7 +1,7 @@
 """Built-in checks, in the order the runner starts them. Nothing registers itself at import.
 
 The live checks are imported on first use (`BUILTIN`, or one of the class names below), not with
-the package: the stop-time children run as `python -m checks.stoptime.<test>` under
+the package: the stop-time children run as `python -m checks.diagnostics.<test>` under
 `diagnostics.python`, an interpreter that has torch but need not have the daemon's own packages
 (pynvml, pyroute2, pydantic), and importing this package must not require them.
 """

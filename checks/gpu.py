@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pynvml
+import yaml
 from pydantic import Field, model_validator
 
 from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
+from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
 from robustd.model import Action, Finding, FindingKind, Severity
 from robustd.paths import AbsPath
 
@@ -32,6 +34,7 @@ NVML_LIBRARY = "libnvidia-ml.so.1"
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+TEMPERATURE_LEVELS = ("near_shutdown", "at_slowdown")
 
 
 class GpuConfig(CheckConfig):
@@ -96,6 +99,18 @@ class _Current:
         return self._value
 
 
+def load_temperature_levels(path: str) -> dict[str, tuple[Severity, Action]]:
+    """`temperature_levels` of the rule file: GPU_TEMP_HIGH's severity and action at each level."""
+    with open(path, encoding="utf-8") as f:
+        levels = (yaml.safe_load(f) or {}).get("temperature_levels") or {}
+    try:
+        return {name: (Severity[levels[name]["severity"]], Action[levels[name]["action"]])
+                for name in TEMPERATURE_LEVELS}
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: temperature_levels needs {', '.join(TEMPERATURE_LEVELS)}, each with a "
+                         f"severity and an action ({e!r})") from None
+
+
 def normalize_bus_id(bus_id: str) -> str:
     """NVML's `00000000:3B:00.0` as the kernel writes it: `0000:3b:00.0`."""
     domain, _, rest = bus_id.strip().rpartition(":")
@@ -122,6 +137,8 @@ class GpuCheck(Check):
         self.inventory: list[_Gpu] = []
         self.compute_pids: frozenset[int] = frozenset()
         self.driver_version = ""
+        self._published = NO_GPUS
+        self._levels: dict[str, tuple[Severity, Action]] = {}  # GPU_TEMP_HIGH's levels, from the rule file
         self._initialized = False
         self._emulated = False
         self._polls = 0
@@ -130,6 +147,16 @@ class GpuCheck(Check):
 
     def codes(self) -> Mapping[str, CodeRule]:
         return load_codes(RULES)
+
+    def gpu_inventory(self) -> GpuInventory:
+        """robustd.inventory.GpuInventoryProvider: what the last poll published."""
+        return self._published
+
+    def _publish(self) -> None:
+        devices = tuple(GpuDevice(index=i, bus_id=g.bus, uuid=g.uuid, name=g.name)
+                        for i, g in enumerate(self.inventory))
+        self._published = GpuInventory(devices=devices, driver=self.driver_version, compute_pids=self.compute_pids,
+                                       emulated=self._emulated)
 
     def emulated(self) -> str | None:
         """Shown in every verdict, so an emulated node is never taken for a real one."""
@@ -200,6 +227,7 @@ class GpuCheck(Check):
             os.environ[ENV_VAR] = os.path.abspath(cfg.emulator_state or "")
             ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)  # before pynvml's dlopen of the same SONAME
             self._emulated = True
+        self._levels = load_temperature_levels(RULES)
         self._call("host", pynvml.nvmlInit)
         self.driver_version = _text(self._call("host", pynvml.nvmlSystemGetDriverVersion))
         self.inventory = self._enumerate()
@@ -212,6 +240,7 @@ class GpuCheck(Check):
             except pynvml.NVMLError_GpuIsLost:
                 g.lost = True  # the first poll reports it
         self._initialized = True
+        self._publish()
 
     def _enumerate(self) -> list[_Gpu]:
         out = []
@@ -290,101 +319,131 @@ class GpuCheck(Check):
                 findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"NVML: GPU {g.bus} is lost",
                                               reason="NVML_ERROR_GPU_IS_LOST", uuid=g.uuid))
         findings += self._stall(ctx, cfg, now, pids, utils)
-        self.compute_pids = frozenset(pids)  # read by the diagnostics (a busy node refuses a Run)
+        self.compute_pids = frozenset(pids)
+        self._publish()  # read by the diagnostics (a busy node refuses a Run) and the tracer
         return findings
 
     def _poll_gpu(self, g: _Gpu, cfg: GpuConfig, now: float, pids: set[int], utils: list[int]) -> list[Finding]:
-        comp, h = f"gpu/{g.bus}", g.handle
-        out: list[Finding] = []
+        """One GPU's readings, each fault as a finding; its compute pids and utilization are gathered too."""
+        comp = f"gpu/{g.bus}"
+        out = self._temp_high(g, comp, cfg) + self._hw_slowdown(g, comp, cfg, now) + self._memory_errors(g, comp)
+        util = self._opt(comp, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
+        if util is not None:
+            utils.append(util.gpu)
+        out += self._pcie_link(g, comp, cfg, util.gpu if util is not None else 0)
+        out += self._pcie_replays(g, comp, cfg, now) + self._nvlink(g, comp, cfg) + self._power(g, comp)
+        procs = self._opt(comp, pynvml.nvmlDeviceGetComputeRunningProcesses, g.handle) or []
+        pids.update(int(p.pid) for p in procs)
+        return out
 
-        def f(code: str, msg: str, sev: Severity | None = None, act: Action | None = None, **ev: str) -> None:
-            out.append(self._finding(comp, code, msg, sev, act, **ev))
+    def _temp_high(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:
+        """Against the GPU's own thresholds; the severity and action of each level are in rules/gpu.yaml."""
+        temp = self._temperature(comp, g.handle)
+        if temp is None:
+            return []
+        if g.shutdown and temp >= g.shutdown - cfg.temp_critical_margin:
+            sev, act = self._levels["near_shutdown"]
+            return [self._finding(comp, "GPU_TEMP_HIGH", f"GPU at {temp} °C, shutdown at {g.shutdown} °C", sev, act,
+                                  temperature=str(temp), shutdown=str(g.shutdown), slowdown=str(g.slowdown))]
+        if g.slowdown and temp >= g.slowdown - cfg.temp_warn_margin:
+            sev, act = self._levels["at_slowdown"]
+            return [self._finding(comp, "GPU_TEMP_HIGH", f"GPU at {temp} °C, slowdown threshold {g.slowdown} °C",
+                                  sev, act, temperature=str(temp), slowdown=str(g.slowdown))]
+        return []
 
-        temp = self._temperature(comp, h)
-        if temp is not None and g.shutdown and temp >= g.shutdown - cfg.temp_critical_margin:
-            f("GPU_TEMP_HIGH", f"GPU at {temp} °C, shutdown at {g.shutdown} °C", Severity.CRITICAL,
-              Action.HW_INSPECT, temperature=str(temp), shutdown=str(g.shutdown), slowdown=str(g.slowdown))
-        elif temp is not None and g.slowdown and temp >= g.slowdown - cfg.temp_warn_margin:
-            f("GPU_TEMP_HIGH", f"GPU at {temp} °C, slowdown threshold {g.slowdown} °C", Severity.WARNING,
-              Action.NONE, temperature=str(temp), slowdown=str(g.slowdown))
-
-        reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, h) or 0
+    def _hw_slowdown(self, g: _Gpu, comp: str, cfg: GpuConfig, now: float) -> list[Finding]:
+        """HW slowdown reasons raise only once they have held for slowdown_window (not a blip)."""
+        reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, g.handle) or 0
         hw = [name for bit, name in HW_REASONS.items() if reasons & bit]
         if not hw:
             g.slowdown_since = None
-        else:
-            g.slowdown_since = now if g.slowdown_since is None else g.slowdown_since
-            if now - g.slowdown_since >= cfg.slowdown_window:
-                f("GPU_HW_SLOWDOWN", f"clocks held down by {', '.join(hw)} for {now - g.slowdown_since:.0f}s",
-                  reasons=",".join(hw), mask=hex(reasons), since=f"{now - g.slowdown_since:.0f}s")
+            return []
+        g.slowdown_since = now if g.slowdown_since is None else g.slowdown_since
+        held = now - g.slowdown_since
+        if held < cfg.slowdown_window:
+            return []
+        return [self._finding(comp, "GPU_HW_SLOWDOWN", f"clocks held down by {', '.join(hw)} for {held:.0f}s",
+                              reasons=",".join(hw), mask=hex(reasons), since=f"{held:.0f}s")]
 
-        dbe = self._opt(comp, pynvml.nvmlDeviceGetTotalEccErrors, h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+    def _memory_errors(self, g: _Gpu, comp: str) -> list[Finding]:
+        out: list[Finding] = []
+        dbe = self._opt(comp, pynvml.nvmlDeviceGetTotalEccErrors, g.handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                         pynvml.NVML_VOLATILE_ECC)
         if dbe:
-            f("GPU_ECC_DBE", f"{dbe} uncorrectable ECC errors since the last GPU reset", count=str(dbe))
-
-        rows = self._opt(comp, pynvml.nvmlDeviceGetRemappedRows, h)
+            out.append(self._finding(comp, "GPU_ECC_DBE", f"{dbe} uncorrectable ECC errors since the last GPU reset",
+                                     count=str(dbe)))
+        rows = self._opt(comp, pynvml.nvmlDeviceGetRemappedRows, g.handle)
         if rows is not None:
             corr, unc, pending, failure = rows
             ev = {"correctable_rows": str(corr), "uncorrectable_rows": str(unc)}
             if pending:
-                f("GPU_ROW_REMAP_PENDING", "row remap pending: reset the GPU to apply it", **ev)
+                out.append(self._finding(comp, "GPU_ROW_REMAP_PENDING", "row remap pending: reset the GPU to apply it",
+                                         **ev))
             if failure:
-                f("GPU_ROW_REMAP_FAILURE", "row remapping failed", **ev)
+                out.append(self._finding(comp, "GPU_ROW_REMAP_FAILURE", "row remapping failed", **ev))
+        return out
 
-        util = self._opt(comp, pynvml.nvmlDeviceGetUtilizationRates, h)
-        busy = util.gpu if util is not None else 0
-        if util is not None:
-            utils.append(util.gpu)
-        width = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkWidth, h)
-        gen = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
+    def _pcie_link(self, g: _Gpu, comp: str, cfg: GpuConfig, busy: int) -> list[Finding]:
+        """A narrower link always counts; a lower generation only while the GPU is busy (it idles down)."""
+        width = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkWidth, g.handle)
+        gen = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkGeneration, g.handle)
         if width is not None and g.max_width and width < g.max_width:
-            f("GPU_PCIE_WIDTH_DEGRADED", f"PCIe link x{width}, max x{g.max_width}", width=str(width),
-              max_width=str(g.max_width), generation=str(gen))
-        elif gen is not None and g.max_gen and gen < g.max_gen and busy > cfg.busy_utilization:
-            f("GPU_PCIE_WIDTH_DEGRADED", f"PCIe Gen{gen} while busy ({busy}%), max Gen{g.max_gen}",
-              generation=str(gen), max_generation=str(g.max_gen), utilization=str(busy))
+            return [self._finding(comp, "GPU_PCIE_WIDTH_DEGRADED", f"PCIe link x{width}, max x{g.max_width}",
+                                  width=str(width), max_width=str(g.max_width), generation=str(gen))]
+        if gen is not None and g.max_gen and gen < g.max_gen and busy > cfg.busy_utilization:
+            return [self._finding(comp, "GPU_PCIE_WIDTH_DEGRADED",
+                                  f"PCIe Gen{gen} while busy ({busy}%), max Gen{g.max_gen}", generation=str(gen),
+                                  max_generation=str(g.max_gen), utilization=str(busy))]
+        return []
 
-        replay = self._opt(comp, pynvml.nvmlDeviceGetPcieReplayCounter, h)
-        if replay is not None:
-            g.replays.append((now, replay))
-            while g.replays and now - g.replays[0][0] > cfg.replay_window:
-                g.replays.popleft()
-            rise = replay - g.replays[0][1]
-            per_lane = cfg.replay_per_lane_per_min or 0.96 * 2.0 ** ((g.max_gen or 4) - 4)
-            limit = per_lane * (g.max_width or 16) * cfg.replay_window / 60.0
-            if rise > limit:
-                f("GPU_PCIE_REPLAY_RISING", f"{rise} PCIe replays in {cfg.replay_window:g}s (limit {limit:.0f})",
-                  replays=str(rise), window=f"{cfg.replay_window:g}s", counter=str(replay))
+    def _pcie_replays(self, g: _Gpu, comp: str, cfg: GpuConfig, now: float) -> list[Finding]:
+        replay = self._opt(comp, pynvml.nvmlDeviceGetPcieReplayCounter, g.handle)
+        if replay is None:
+            return []
+        g.replays.append((now, replay))
+        while g.replays and now - g.replays[0][0] > cfg.replay_window:
+            g.replays.popleft()
+        rise = replay - g.replays[0][1]
+        per_lane = cfg.replay_per_lane_per_min or 0.96 * 2.0 ** ((g.max_gen or 4) - 4)
+        limit = per_lane * (g.max_width or 16) * cfg.replay_window / 60.0
+        if rise <= limit:
+            return []
+        return [self._finding(comp, "GPU_PCIE_REPLAY_RISING",
+                              f"{rise} PCIe replays in {cfg.replay_window:g}s (limit {limit:.0f})",
+                              replays=str(rise), window=f"{cfg.replay_window:g}s", counter=str(replay))]
 
+    def _nvlink(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:
+        """Links active at start that went down; error counters (every nvlink_counters_every-th poll) rising."""
         down, rising = [], []
         counters = self._polls % cfg.nvlink_counters_every == 0
         for link in g.active_links:
-            if self._opt(comp, pynvml.nvmlDeviceGetNvLinkState, h, link) == pynvml.NVML_FEATURE_DISABLED:
+            if self._opt(comp, pynvml.nvmlDeviceGetNvLinkState, g.handle, link) == pynvml.NVML_FEATURE_DISABLED:
                 down.append(str(link))
             for counter, cname in NVLINK_COUNTERS.items() if counters else ():
-                value = self._opt(comp, pynvml.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+                value = self._opt(comp, pynvml.nvmlDeviceGetNvLinkErrorCounter, g.handle, link, counter)
                 if value is None:
                     continue
                 before = g.nvlink_errors.get((link, counter))
                 g.nvlink_errors[(link, counter)] = value
                 if before is not None and value > before:
                     rising.append(f"link{link}.{cname}+{value - before}")
+        out: list[Finding] = []
         if down:
-            f("GPU_NVLINK_DOWN", f"NVLink {', '.join(down)} inactive (active at start)", links=",".join(down))
+            out.append(self._finding(comp, "GPU_NVLINK_DOWN", f"NVLink {', '.join(down)} inactive (active at start)",
+                                     links=",".join(down)))
         if rising:
-            f("GPU_NVLINK_ERRORS", f"NVLink errors rising: {', '.join(rising)}", increases=",".join(rising))
+            out.append(self._finding(comp, "GPU_NVLINK_ERRORS", f"NVLink errors rising: {', '.join(rising)}",
+                                     increases=",".join(rising)))
+        return out
 
+    def _power(self, g: _Gpu, comp: str) -> list[Finding]:
         try:
-            self._call(comp, pynvml.nvmlDeviceGetPowerUsage, h)
+            self._call(comp, pynvml.nvmlDeviceGetPowerUsage, g.handle)
         except pynvml.NVMLError_GpuIsLost:
             raise
         except pynvml.NVMLError as e:
-            f("GPU_POWER_UNREADABLE", f"power draw unreadable: {e}", error=str(e))
-
-        procs = self._opt(comp, pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []
-        pids.update(int(p.pid) for p in procs)
-        return out
+            return [self._finding(comp, "GPU_POWER_UNREADABLE", f"power draw unreadable: {e}", error=str(e))]
+        return []
 
     def _temperature(self, comp: str, h: Any) -> int | None:
         try:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from checks.pcie import Counter
+from checks.counters import Counters
 from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
@@ -180,8 +180,8 @@ class HostCheck(Check):
     Config = HostConfig
 
     def __init__(self) -> None:
-        self._ioerr: dict[str, Counter] = {}  # block device -> counter
-        self._edac: dict[str, dict[str, Counter]] = {}  # mcN -> {"ce": .., "ue": ..}
+        self._ioerr: Counters[str] = Counters()  # by block device
+        self._edac: Counters[tuple[str, str]] = Counters()  # by (mcN, "ce" | "ue")
 
     def codes(self) -> Mapping[str, CodeRule]:
         return load_codes(RULES)
@@ -260,14 +260,10 @@ class HostCheck(Check):
             count = parse_count(read_text(ctx.roots.sys_path("block", device, "device", "ioerr_cnt")))
         except (OSError, ValueError):
             return []
-        counter = self._ioerr.get(device)
-        if counter is None:
-            self._ioerr[device] = Counter(count)
+        reading = self._ioerr.update(device, count, now)
+        if reading is None or not reading.delta:
             return []
-        old = counter.value
-        delta = counter.update(count, now)
-        if not delta:
-            return []
+        old, delta = reading.old, reading.delta
         return [Finding(component=component, code="DISK_IO_ERRORS_RISING", kind=FindingKind.OCCURRENCE,
                         message=f"{device}: {delta} new I/O error(s) (ioerr_cnt {old} -> {count})",
                         evidence={**where, "device": device, "new": str(delta), "ioerr_cnt": str(count)})]
@@ -316,15 +312,12 @@ class HostCheck(Check):
                     counts[kind] = parse_count(read_text(os.path.join(base, mc, f"{kind}_count")))
                 except (OSError, ValueError):
                     continue
-            known = self._edac.setdefault(mc, {})
             component = f"memory/{mc}"
             for kind, value in counts.items():
-                counter = known.get(kind)
-                if counter is None:
-                    known[kind] = Counter(value)
+                reading = self._edac.update((mc, kind), value, now)
+                if reading is None:
                     continue
-                old = counter.value
-                delta = counter.update(value, now)
+                counter, old, delta = reading
                 if kind == "ue" and delta:
                     out.append(Finding(component=component, code="EDAC_UE", kind=FindingKind.OCCURRENCE,
                                        message=f"{mc}: {delta} new uncorrected memory error(s) "

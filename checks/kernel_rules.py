@@ -24,6 +24,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from robustd import yamlpos
 from robustd.bounds import MAX_CODE, MAX_COMPONENT, is_token, token
 from robustd.codes import ActionName, CodeRule, SeverityName
 from robustd.config import ConfigError
@@ -227,7 +228,7 @@ def load_rules(paths: Iterable[str], *, verify: bool = True) -> RuleSet:
             codes[key] = _merge_code(codes.get(key), meaning)
         for key in data.codes:
             if not _CODE_KEY.fullmatch(key):
-                problems.append(f"{_where(root, ('codes', key), path)}: codes.{key}: "
+                problems.append(f"{yamlpos.where(root, ('codes', key), path)}: codes.{key}: "
                                 f"codes are UPPER_SNAKE, optionally ending in '*'")
         pending: list[_Pending] = []
         for i, rule in enumerate(data.rules):
@@ -265,9 +266,7 @@ def _load_file(path: str, problems: list[str]) -> tuple[RuleFile, yaml.Node | No
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else path
-        problems.append(f"{where}: malformed YAML: {getattr(e, 'problem', None) or e}")
+        problems.append(yamlpos.malformed(e, path))
         return None
     try:
         return RuleFile.model_validate(data), root
@@ -277,7 +276,7 @@ def _load_file(path: str, problems: list[str]) -> tuple[RuleFile, yaml.Node | No
             key = ".".join(str(p) for p in loc) or "(top level)"
             msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
                 item["type"], item["msg"].removeprefix("Value error, "))
-            problems.append(f"{_where(root, loc, path)}: {key}: {msg}")
+            problems.append(f"{yamlpos.where(root, loc, path)}: {key}: {msg}")
         return None
 
 
@@ -286,9 +285,9 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
     name = rule.name or rule.code or f"resolve {rule.resolves}"
     name = name if name not in names else f"{name}#{i}"
     names.add(name)
-    at = f"{_where(root, ('rules', i), path)}: rules.{i} ({name})"
+    at = f"{yamlpos.where(root, ('rules', i), path)}: rules.{i} ({name})"
     if _UNICODE_FLAG.search(rule.pattern):
-        problems.append(f"{_where(root, ('rules', i, 'pattern'), path)}: rules.{i}.pattern: "
+        problems.append(f"{yamlpos.where(root, ('rules', i, 'pattern'), path)}: rules.{i}.pattern: "
                         f"rule {name}: the u and L flags are not allowed; kernel rules match ASCII only")
         return None
     try:
@@ -296,7 +295,7 @@ def _compile(rule: Rule, i: int, path: str, root: yaml.Node | None,
         lead = flags.group(0) if flags else ""
         regex = re.compile(f"{lead}(?:{rule.pattern[len(lead):]})[ \\t]*\\Z", re.ASCII)
     except (re.error, ValueError) as e:
-        problems.append(f"{_where(root, ('rules', i, 'pattern'), path)}: rules.{i}.pattern: "
+        problems.append(f"{yamlpos.where(root, ('rules', i, 'pattern'), path)}: rules.{i}.pattern: "
                         f"bad regex in rule {name}: {e}")
         return None
     groups = set(regex.groupindex)
@@ -394,7 +393,7 @@ def _verify(rs: RuleSet, p: _Pending) -> list[str]:
     c = p.compiled
     for j, ex in enumerate(p.rule.examples):
         e = Example(line=ex) if isinstance(ex, str) else ex
-        where = f"{_where(p.root, ('rules', p.index, 'examples', j), p.path)}: rule {c.name}"
+        where = f"{yamlpos.where(p.root, ('rules', p.index, 'examples', j), p.path)}: rule {c.name}"
         hit = rs.first(e.line.rstrip("\n").split("\n"))
         if hit is None:
             out.append(f"{where}: example matches no rule: {e.line!r}")
@@ -407,23 +406,6 @@ def _verify(rs: RuleSet, p: _Pending) -> list[str]:
     for j, line in enumerate(p.rule.counter_examples):
         hit = rs.first(line.rstrip("\n").split("\n"))
         if hit is not None and hit[0] is c:
-            where = _where(p.root, ("rules", p.index, "counter_examples", j), p.path)
+            where = yamlpos.where(p.root, ("rules", p.index, "counter_examples", j), p.path)
             out.append(f"{where}: rule {c.name}: counter-example matches: {line!r}")
     return out
-
-
-def _where(root: yaml.Node | None, loc: tuple[Any, ...], source: str) -> str:
-    """`file:line` of the deepest node along `loc` that exists."""
-    line, node = 1, root
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            hit = next(((k, v) for k, v in node.value if k.value == str(part)), None)
-            if hit is None:
-                break
-            line, node = hit[0].start_mark.line + 1, hit[1]
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return f"{source}:{line}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from checks.counters import Counters
 from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
@@ -83,31 +83,6 @@ def parse_hex(text: str) -> str:
     return m.group(1).lower()
 
 
-def counter_delta(old: int, new: int) -> int:
-    """The increase of a monotonic counter; a decrease means it was reset and counts from zero."""
-    return new - old if new >= old else new
-
-
-@dataclass
-class Counter:
-    """A kernel counter seen poll by poll: its increases, and their sum over a recent window."""
-
-    value: int
-    history: deque[tuple[float, int]] = field(default_factory=deque)
-
-    def update(self, new: int, now: float) -> int:
-        delta = counter_delta(self.value, new)
-        self.value = new
-        if delta:
-            self.history.append((now, delta))
-        return delta
-
-    def increase_within(self, window: float, now: float) -> int:
-        while self.history and now - self.history[0][0] > window:
-            self.history.popleft()
-        return sum(d for _, d in self.history)
-
-
 # -- config ---------------------------------------------------------------------------------------
 class ClassMatch(BaseModel):
     """`{class: "0x0680", vendor: "0x10de"}`: a class prefix, optionally only from one vendor."""
@@ -155,7 +130,7 @@ class _Device:
     pci_class: str
     vendor: str
     device: str
-    aer: dict[str, Counter] = field(default_factory=dict)
+    aer: Counters[str] = field(default_factory=Counters)  # by AER kind
 
     @property
     def what(self) -> str:
@@ -273,12 +248,10 @@ class PcieCheck(Check):
                 aer = parse_aer(text)
             except ValueError:
                 continue
-            counter = dev.aer.get(kind)
-            if counter is None or baseline:
-                dev.aer[kind] = Counter(aer.total)
+            reading = dev.aer.update(kind, aer.total, now, baseline=baseline)
+            if reading is None:
                 continue
-            old = counter.value
-            delta = counter.update(aer.total, now)
+            counter, old, delta = reading
             if kind == "correctable":
                 recent = counter.increase_within(cfg.aer_correctable_window, now)
                 if recent >= cfg.aer_correctable_count:

@@ -128,6 +128,8 @@ def load_codes(path: str) -> dict[str, CodeRule]:
     import yaml
     from pydantic import ValidationError
 
+    from robustd import yamlpos
+
     with open(path, encoding="utf-8") as f:
         text = f.read()
     data = yaml.safe_load(text) or {}
@@ -138,19 +140,9 @@ def load_codes(path: str) -> dict[str, CodeRule]:
         try:
             out[code] = CodeRule.model_validate(rule or {})
         except ValidationError as e:
-            line = next((k.start_mark.line + 1 for k, v in _codes_node(root) if k.value == code), 1)
-            problems += [f"{path}:{line}: codes.{code}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+            at = yamlpos.where(root, ("codes", code), path)
+            problems += [f"{at}: codes.{code}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
                          for err in e.errors()]
     if problems:
         raise ValueError("\n".join(problems))
     return out
-
-
-def _codes_node(root: Any) -> list[Any]:
-    import yaml
-
-    if isinstance(root, yaml.MappingNode):
-        for k, v in root.value:
-            if k.value == "codes" and isinstance(v, yaml.MappingNode):
-                return list(v.value)
-    return []

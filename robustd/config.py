@@ -13,9 +13,11 @@ from typing import Annotated, Any, Literal, Mapping
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from robustd import yamlpos
 from robustd.adapters.slurm.config import SlurmConfig, known_levels
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
+from robustd.diagnostics.table import TESTS as STOP_TIME_TESTS
 from robustd.durations import Duration, PositiveDuration
 from robustd.paths import AbsPath, NameOrPath
 from robustd.roots import (
@@ -122,9 +124,6 @@ class PolicyConfig(Strict):
     codes: dict[str, CodeRule] = Field(default_factory=dict)
 
 
-DIAG_TESTS = ("eud", "all_to_all", "all_gather", "minigpt")
-
-
 class EudConfig(Strict):
     command: list[str] = Field(default_factory=lambda: ["dcgmi", "diag", "-r", "eud", "-j"], min_length=1)
     timeout: Duration = 3600.0
@@ -148,6 +147,7 @@ def _default_levels() -> dict[str, list[str]]:
 
 
 class DiagnosticsConfig(Strict):
+    # One section per `section` named in robustd/diagnostics/table.py (each with its `timeout`).
     eud: EudConfig = Field(default_factory=EudConfig)
     collectives: CollectivesConfig = Field(default_factory=CollectivesConfig)
     minigpt: MinigptConfig = Field(default_factory=MinigptConfig)
@@ -163,9 +163,9 @@ class DiagnosticsConfig(Strict):
     @classmethod
     def _known_tests(cls, levels: dict[str, list[str]]) -> dict[str, list[str]]:
         for name, tests in levels.items():
-            bad = [t for t in tests if t not in DIAG_TESTS]
+            bad = [t for t in tests if t not in STOP_TIME_TESTS]
             if bad or not tests:
-                raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(DIAG_TESTS)})"
+                raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(STOP_TIME_TESTS)})"
                                  if bad else f"level {name!r} is empty")
         return levels
 
@@ -274,9 +274,7 @@ def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckCon
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ConfigError([f"{where}: malformed YAML: {getattr(e, 'problem', None) or e}"]) from e
+        raise ConfigError([yamlpos.malformed(e, source)]) from e
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -297,7 +295,7 @@ def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckCon
         for name in raw_checks:
             if name not in check_types:
                 known = ", ".join(sorted(check_types)) or "none"
-                problems.append(f"{_where(root, ('checks', name), source)}: checks.{name}: unknown check "
+                problems.append(f"{yamlpos.where(root, ('checks', name), source)}: checks.{name}: unknown check "
                                 f"(known: {known})")
         for name, model in check_types.items():
             section = raw_checks.get(name)
@@ -329,29 +327,5 @@ def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | N
             msg = item["msg"].removeprefix("Value error, ")
             if "input" in item and not isinstance(item["input"], (dict, list)):
                 msg += f" (got {item['input']!r})"
-        out.append(f"{_where(root, loc, source)}: {key}: {msg}")
+        out.append(f"{yamlpos.where(root, loc, source)}: {key}: {msg}")
     return out
-
-
-def _where(root: yaml.Node | None, loc: tuple[Any, ...], source: str) -> str:
-    """`file:line` of the deepest node on `loc` (the key itself for a key that is there)."""
-    line = 1
-    node = root
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                if k.value == str(part):
-                    line = k.start_mark.line + 1
-                    node = v
-                    break
-            else:
-                break
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    else:
-        if node is not None and not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-            line = node.start_mark.line + 1
-    return f"{source}:{line}"

@@ -29,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 
 from robustd import __version__
 from robustd.api.diagnostics import DiagnosticsServicer
+from robustd.api.diagnostics_convert import migrate_reports
 from robustd.api.requests import RequestInterceptor
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
@@ -37,17 +38,20 @@ from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.authz import Authorizer, AuthzInterceptor
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, CodeTable
-from robustd.config import ConfigError, Settings, TlsConfig, load_config
-from robustd.diag.manager import DiagManager, GpuView
-from robustd.diag.manager import codes as diag_codes
+from robustd.config import ConfigError, Settings, load_config
+from robustd.cpuinfo import cpu_model
+from robustd.diagnostics.manager import DiagnosticsManager, GpuView
+from robustd.diagnostics.manager import codes as diag_codes
 from robustd.engine import Engine
+from robustd.inventory import NO_GPUS, GpuInventory, GpuInventoryProvider
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
 from robustd.relay import UnixFront
-from robustd.roots import DEFAULT_CONFIG, PROC_LOCKS, Roots, read_boot_id
+from robustd.roots import DEFAULT_CONFIG, PROC_LOCKS, read_boot_id
 from robustd.runner import Runner
 from robustd.sdnotify import Notifier, setup_logging
 from robustd.store import Store
+from robustd.tls import server_credentials
 from robustd.writer import ThreadWriter
 
 log = logging.getLogger("robustd")
@@ -151,13 +155,12 @@ class Daemon:
             raise StartError(f"boot_id_path: cannot read {cfg.boot_id_path}: {getattr(e, 'strerror', None) or e}"
                              ) from None
         self.store = Store(cfg.state_dir)  # never fails for the state disk: a read-only one means degraded
+        migrate_reports(self.store)  # diagnostic reports of earlier versions, before anything else writes
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
-        self.policy = Policy(self._code_table(self.settings), self.boot_id,
-                             default_clear_after=cfg.policy.clear_after, update_interval=cfg.policy.update_interval,
-                             escalate_after_reboots=cfg.policy.escalate_after_reboots,
-                             max_conditions_per_code=cfg.policy.max_conditions_per_code,
-                             max_conditions=cfg.policy.max_conditions, prior_boots=self.store.boots_with)
+        table = self._code_table(self.settings)
+        self.policy = Policy(table, self.boot_id, prior_boots=self.store.boots_with)
+        self.policy.configure(table, cfg.policy)
         self.policy.load(self.store.conditions(), time.time())
         self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()))
         if self.store.open_error:
@@ -170,8 +173,8 @@ class Daemon:
                      len(cleared))
             self.store.set_meta("boot_id", self.boot_id)
         self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
-        self.diag = DiagManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
-                                self._gpu_view, cpu_model(self.settings.roots()))
+        self.diag = DiagnosticsManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name,
+                                       cfg.state_dir, self._gpu_view, cpu_model(self.settings.roots()))
         self.diag.recover()
         self._start_metrics()  # before the socket: a port in use fails the start before any client connects
         self.health = health.aio.HealthServicer()
@@ -197,8 +200,8 @@ class Daemon:
             self.ticker.cancel()
         engine: Engine | None = getattr(self, "engine", None)
         if engine is not None:
-            engine.hub.close()  # Watch streams end now; their clients resume by seq
-        diag: DiagManager | None = getattr(self, "diag", None)
+            engine.end_watches()  # Watch streams end now; their clients resume by seq
+        diag: DiagnosticsManager | None = getattr(self, "diag", None)
         if diag is not None and diag.running is not None:
             await _bounded("the running diagnostic", diag.cancel(diag.running.id), deadline, 0.5)
         health_servicer = getattr(self, "health", None)
@@ -253,17 +256,18 @@ class Daemon:
         layers.append(settings.config.policy.codes)
         return CodeTable(layers)
 
-    def _gpu_view(self) -> GpuView:
-        """The GPU check's inventory and its last-seen compute processes (empty without one)."""
+    def _gpu_inventory(self) -> GpuInventory:
+        """What the running GPU check published (no GPUs without one)."""
         for st in self.runner.states:
-            if st.name == "gpu" and st.status not in ("DISABLED", "UNSUPPORTED"):
-                check: Any = st.check
-                gpus = [{"index": i, "bus_id": g.bus, "uuid": g.uuid, "name": g.name}
-                        for i, g in enumerate(getattr(check, "inventory", []))]
-                return GpuView(gpus=gpus, driver=getattr(check, "driver_version", ""),
-                               busy_pids=getattr(check, "compute_pids", frozenset()),
-                               emulated=bool(check.emulated()))
-        return GpuView()
+            if isinstance(st.check, GpuInventoryProvider) and st.status not in ("DISABLED", "UNSUPPORTED"):
+                return st.check.gpu_inventory()
+        return NO_GPUS
+
+    def _gpu_view(self) -> GpuView:
+        """The inventory as the diagnostics take it."""
+        inv = self._gpu_inventory()
+        gpus = [{"index": g.index, "bus_id": g.bus_id, "uuid": g.uuid, "name": g.name} for g in inv.devices]
+        return GpuView(gpus=gpus, driver=inv.driver, busy_pids=inv.compute_pids, emulated=inv.emulated)
 
     async def _serve(self) -> grpc.aio.Server:
         cfg = self.settings.config
@@ -279,13 +283,13 @@ class Daemon:
             options=[("grpc.max_receive_message_length", listen.max_message_bytes),
                      ("grpc.max_send_message_length", listen.max_message_bytes),
                      ("grpc.max_concurrent_streams", listen.max_concurrent_streams)])
-        servicer = NodeHealthServicer(self.engine, cfg.node_name, self.boot_id, lambda: self.runner.states,
-                                      listen.max_message_bytes)
+        servicer = NodeHealthServicer(self.engine.view, self.engine.acknowledge, cfg.node_name, self.boot_id,
+                                      lambda: self.runner.states, listen.max_message_bytes)
         pb_grpc.add_NodeHealthServicer_to_server(servicer, server)
         pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(self.diag), server)
         pb_grpc.add_TracerServicer_to_server(
             TracerServicer(cfg.node_name, lambda: self.settings.config.tracer, lambda: self.settings.roots(),
-                           lambda: self._gpu_view().busy_pids), server)
+                           lambda: self._gpu_inventory().compute_pids), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name,
                  pb.DESCRIPTOR.services_by_name["Diagnostics"].full_name,
@@ -296,7 +300,7 @@ class Daemon:
         if listen.tcp:
             if listen.tls is not None:
                 check_port("listen.tcp", listen.tcp)
-                if server.add_secure_port(listen.tcp, _tls_credentials(listen.tls)) == 0:
+                if server.add_secure_port(listen.tcp, server_credentials(listen.tls)) == 0:
                     raise StartError(f"listen.tcp: cannot listen on {listen.tcp}")
                 log.info("gRPC over TLS on %s%s", listen.tcp,
                          " (mutual TLS: client certificates required)" if listen.tls.client_ca else "")
@@ -324,7 +328,7 @@ class Daemon:
         from robustd.metrics import StateCollector, serve
 
         try:
-            self.metrics_server = serve(address, StateCollector(self.engine, self.settings.config.node_name,
+            self.metrics_server = serve(address, StateCollector(self.engine.view, self.settings.config.node_name,
                                                                 lambda: self.runner.states))
         except OSError as e:
             raise StartError(f"metrics: cannot listen on {address}: {e.strerror or e}") from None
@@ -356,7 +360,7 @@ class Daemon:
         asyncio.get_running_loop().create_task(self._update_health())
 
     async def _update_health(self) -> None:
-        severity, _ = worst(list(self.policy.conditions.values()))
+        severity, _ = worst(self.engine.view.conditions())
         serving = health_pb2.HealthCheckResponse.SERVING
         await self.health.set("", serving)
         await self.health.set(pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name, serving)
@@ -364,13 +368,13 @@ class Daemon:
                               if severity is Severity.CRITICAL else serving)
 
     def _summary(self) -> str:
-        conds = list(self.policy.conditions.values())
+        view = self.engine.view
+        conds = view.conditions()
         severity, action = worst(conds)
         failing = [st.name for st in self.runner.states if st.status in ("ERROR", "TIMEOUT")]
         text = f"{severity.name}" + (f" ({action.name})" if conds else "") + f", {len(conds)} conditions"
         text += f"; checks failing: {', '.join(failing)}" if failing else ""
-        return text + (f"; EVENT LOG NOT WRITABLE, {len(self.engine.backlog)} changes held" if self.engine.store_error
-                       else "")
+        return text + (f"; EVENT LOG NOT WRITABLE, {view.events_held} changes held" if view.store_error else "")
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -412,12 +416,7 @@ class Daemon:
         self.authz.refresh()  # logs which certificate names changed meaning, now rather than at the next call
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
-        self.policy.table = self._code_table(self.settings)
-        self.policy.default_clear_after = new.config.policy.clear_after
-        self.policy.update_interval = new.config.policy.update_interval
-        self.policy.escalate_after_reboots = new.config.policy.escalate_after_reboots
-        self.policy.max_conditions_per_code = new.config.policy.max_conditions_per_code
-        self.policy.max_conditions = new.config.policy.max_conditions
+        self.engine.reload(self._code_table(self.settings), new.config.policy)
         logging.getLogger().setLevel(new.config.log_level.upper())
         self.runner.run()
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
@@ -529,34 +528,6 @@ def check_port(key: str, address: str) -> None:
             probe.bind(addr)
         except OSError as e:
             raise StartError(f"{key}: cannot listen on {address}: {e.strerror or e}") from None
-
-
-def _tls_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    def read(key: str, path: str) -> bytes:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as e:
-            raise RuntimeError(f"listen.tls.{key}: cannot read {path}: {e.strerror}") from e
-
-    pair = (read("key", tls.key), read("cert", tls.cert))
-    if tls.client_ca:
-        return grpc.ssl_server_credentials([pair], root_certificates=read("client_ca", tls.client_ca),
-                                           require_client_auth=True)
-    return grpc.ssl_server_credentials([pair])
-
-
-def cpu_model(roots: Roots) -> str:
-    """`model name` from cpuinfo: MiniGPT digests on CPU are only comparable on one CPU model."""
-    try:
-        with open(roots.proc_path("cpuinfo"), encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
-    return ""
 
 
 def _prepare_socket_path(path: str) -> None:

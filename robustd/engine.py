@@ -17,11 +17,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
-from robustd.model import Condition, Event, EventKind, Finding, FindingKind, Report
+from robustd.codes import CodeTable, Meaning
+from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Report, Severity
 from robustd.policy import Policy
-from robustd.store import Store
+from robustd.store import Store, iter_batches
 from robustd.writer import InlineWriter, ThreadWriter
 
 log = logging.getLogger("robustd.engine")
@@ -98,6 +99,80 @@ class Hub:
             s.wake.set()
 
 
+class PolicySettings(Protocol):
+    """The reloadable `policy` section (robustd.config.PolicyConfig), as the engine reads it."""
+
+    clear_after: float
+    update_interval: float
+    escalate_after_reboots: int
+    max_conditions_per_code: int
+    max_conditions: int
+
+
+class EngineView:
+    """What metrics, the daemon, the diagnostics and the API read of the engine — and nothing they could
+    change: the standing conditions, what a code means, the event log's reads, and the hub to watch."""
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+
+    # -- the verdict, from memory --------------------------------------------------------------
+    def conditions(self) -> list[Condition]:
+        """The standing conditions (a copy: changing it changes nothing)."""
+        return list(self._engine.policy.conditions.values())
+
+    def snapshot(self) -> tuple[list[Condition], int]:
+        return self._engine.snapshot()
+
+    async def settled(self, timeout: float = SETTLE_WAIT) -> bool:
+        return await self._engine.settled(timeout)
+
+    def meaning(self, code: str, severity: Severity | None = None, action: Action | None = None) -> Meaning:
+        """What `code` means under the current code table (rule files, then policy.codes)."""
+        return self._engine.policy.meaning(code, severity, action)
+
+    @property
+    def events_total(self) -> int:
+        return self._engine.events_total
+
+    @property
+    def store_error(self) -> str:
+        """Why the event log lags ("" while it is written normally)."""
+        return self._engine.store_error
+
+    @property
+    def events_held(self) -> int:
+        """Decided changes not yet on disk."""
+        return len(self._engine.backlog)
+
+    # -- the event log -------------------------------------------------------------------------
+    def head_seq(self) -> int:
+        return self._engine.store.head_seq()
+
+    def oldest_seq(self) -> int:
+        return self._engine.store.oldest_seq()
+
+    def pruned_through(self) -> int:
+        return self._engine.store.pruned_through()
+
+    def query(self, *, since: float | None, component: str, min_severity: int, limit: int,
+              after_seq: int) -> list[Event]:
+        return self._engine.store.query(since=since, component=component, min_severity=min_severity, limit=limit,
+                                        after_seq=after_seq)
+
+    def events_after(self, seq: int) -> Iterator[Event]:
+        """Every committed event after `seq`, in order, read a batch at a time."""
+        for batch in iter_batches(self._engine.store, seq):
+            yield from batch
+
+    # -- live events ---------------------------------------------------------------------------
+    def subscribe(self) -> Subscriber:
+        return self._engine.hub.subscribe()
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self._engine.hub.unsubscribe(sub)
+
+
 class NotWritten(Exception):
     """A change was decided, but the event log could not take it within the time allowed."""
 
@@ -119,6 +194,7 @@ class Engine:
         self.clock = clock
         self.writer = writer or InlineWriter()
         self.hub = Hub()
+        self.view = EngineView(self)  # what readers get: never the policy, the store or the hub themselves
         self.events_total = 0
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
         self.backlog: list[Event] = []  # decided, not yet on disk
@@ -136,6 +212,16 @@ class Engine:
         if not store.writable:
             self._retry_at = self.clock() + RETRY_EVERY
             self._store_problem(store.open_error or "the event log is not open")
+
+    @property
+    def reports(self) -> Store:
+        """The diagnostics' shelf for their reports and golden digests (the event log's database file)."""
+        return self.store
+
+    def reload(self, table: CodeTable, policy: PolicySettings) -> None:
+        """A config reload's part for the engine, in one place: the code table (rule files, policy.codes) and
+        every key of the `policy` section. Standing conditions keep their state; new findings use the new ones."""
+        self.policy.configure(table, policy)
 
     # -- inputs (event-loop thread) ------------------------------------------------------------
     def submit(self, report: Report) -> list[Event]:
@@ -279,6 +365,10 @@ class Engine:
         self.backlog.extend(self.policy.apply([finding], STORE_SOURCE, now))
         for listener in self.listeners:
             listener([])  # the conditions changed even though the log did not
+
+    def end_watches(self) -> None:
+        """End every Watch stream now, and any that starts from now on (the daemon is stopping)."""
+        self.hub.close()
 
     async def close(self, timeout: float) -> bool:
         """Write what is held, for at most `timeout` seconds; False if something could not be written."""

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from robustd.engine import Engine
+from robustd.engine import EngineView
 from robustd.model import Severity, worst
 from robustd.runner import CheckState
 
@@ -17,13 +17,13 @@ LEVEL = {Severity.OK: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
 class StateCollector(Collector):
-    def __init__(self, engine: Engine, node: str, checks: Callable[[], Sequence[CheckState]]):
+    def __init__(self, engine: EngineView, node: str, checks: Callable[[], Sequence[CheckState]]):
         self.engine = engine
         self.node = node
         self.checks = checks
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        conds = list(self.engine.policy.conditions.values())
+        conds = self.engine.conditions()
         node = GaugeMetricFamily("robustd_node_severity", "Node verdict: 0 OK, 1 WARNING, 2 CRITICAL", labels=["node"])
         node.add_metric([self.node], LEVEL[worst(conds)[0]])
         yield node
@@ -40,7 +40,7 @@ class StateCollector(Collector):
         writable.add_metric([], 0 if self.engine.store_error else 1)
         yield writable
         held = GaugeMetricFamily("robustd_events_held", "Decided changes not yet written to the event log")
-        held.add_metric([], len(self.engine.backlog))
+        held.add_metric([], self.engine.events_held)
         yield held
         dur = GaugeMetricFamily("robustd_check_duration_seconds", "Duration of each check's last poll",
                                 labels=["check"])

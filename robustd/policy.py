@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from robustd import bounds
 from robustd.codes import CodeTable, Meaning
@@ -129,6 +129,16 @@ class Policy:
         """The boot id changed: clear every condition from an earlier boot before anyone asks."""
         return [self._clear(k, now, {"cleared_by": "reboot", "new_boot_id": self.boot_id})
                 for k, c in list(self.conditions.items()) if c.boot_id != self.boot_id]
+
+    def configure(self, table: CodeTable, settings: Any) -> None:
+        """Take a code table and the `policy` section's keys (robustd.config.PolicyConfig or alike): at start
+        and at every reload."""
+        self.table = table
+        self.default_clear_after = settings.clear_after
+        self.update_interval = settings.update_interval
+        self.escalate_after_reboots = settings.escalate_after_reboots
+        self.max_conditions_per_code = settings.max_conditions_per_code
+        self.max_conditions = settings.max_conditions
 
     def meaning(self, code: str, severity: Severity | None = None, action: Action | None = None) -> Meaning:
         return self.table.resolve(code, hint_severity=severity, hint_action=action,

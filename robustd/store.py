@@ -39,13 +39,13 @@ CREATE TABLE IF NOT EXISTS conditions (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cursors (check_name TEXT PRIMARY KEY, cursor TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS diagnostics (
+CREATE TABLE IF NOT EXISTS diagnostic_reports (
     id TEXT PRIMARY KEY,
     started REAL NOT NULL,
-    outcome INTEGER NOT NULL,
-    report BLOB NOT NULL  -- a serialized robustd.v1.DiagnosticReport
+    outcome TEXT NOT NULL,  -- an Outcome's name (robustd/diagnostics/model.py)
+    report TEXT NOT NULL  -- the report's JSON (robustd.diagnostics.model.report_to_json)
 );
-CREATE INDEX IF NOT EXISTS diagnostics_started ON diagnostics (started);
+CREATE INDEX IF NOT EXISTS diagnostic_reports_started ON diagnostic_reports (started);
 CREATE TABLE IF NOT EXISTS goldens (key TEXT PRIMARY KEY, digest TEXT NOT NULL, report_id TEXT NOT NULL,
                                     at REAL NOT NULL);
 """
@@ -199,9 +199,9 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         self._side_write(("meta", key), (value,))
 
-    def save_report(self, report_id: str, started: float, outcome: int, blob: bytes, keep: int) -> None:
-        """Insert or replace one diagnostic report; keep the newest `keep`."""
-        self._side_write(("report", report_id), (started, outcome, blob, keep))
+    def save_report(self, report_id: str, started: float, outcome: str, text: str, keep: int) -> None:
+        """Insert or replace one diagnostic report (its JSON); keep the newest `keep`."""
+        self._side_write(("report", report_id), (started, outcome, text, keep))
 
     def set_golden(self, key: str, digest: str, report_id: str, at: float) -> None:
         self._side_write(("golden", key), (digest, report_id, at))
@@ -249,24 +249,50 @@ class Store:
     def conditions(self) -> list[Condition]:
         return [condition_from_json(r[0]) for r in self._rows("SELECT condition FROM conditions ORDER BY seq")]
 
-    def report(self, report_id: str) -> bytes | None:
+    def report(self, report_id: str) -> str | None:
+        """One diagnostic report's JSON."""
         if ("report", report_id) in self._side:
-            return bytes(self._side[("report", report_id)][2])
-        rows = self._rows("SELECT report FROM diagnostics WHERE id = ?", (report_id,))
-        return None if not rows else bytes(rows[0][0])
+            return str(self._side[("report", report_id)][2])
+        rows = self._rows("SELECT report FROM diagnostic_reports WHERE id = ?", (report_id,))
+        return None if not rows else str(rows[0][0])
 
-    def reports(self, limit: int, outcome: int | None = None) -> list[bytes]:
-        """Newest first."""
-        sql, args = "SELECT id, started, outcome, report FROM diagnostics", [limit + len(self._side)]
+    def reports(self, limit: int, outcome: str | None = None) -> list[str]:
+        """The newest reports' JSON, newest first; only those with `outcome` (a name) if given."""
+        sql, args = "SELECT id, started, outcome, report FROM diagnostic_reports", [limit + len(self._side)]
         if outcome is not None:
             sql, args = sql + " WHERE outcome = ?", [outcome, *args]
-        found = {str(r[0]): (float(r[1]), int(r[2]), bytes(r[3]))
+        found = {str(r[0]): (float(r[1]), str(r[2]), str(r[3]))
                  for r in self._rows(sql + " ORDER BY started DESC LIMIT ?", args)}
         for (kind, key), value in self._side.items():
             if kind == "report":
-                found[key] = (float(value[0]), int(value[1]), bytes(value[2]))
+                found[key] = (float(value[0]), str(value[1]), str(value[2]))
         rows = sorted(found.values(), key=lambda r: r[0], reverse=True)
-        return [blob for _started, out, blob in rows if outcome is None or out == outcome][:limit]
+        return [text for _started, out, text in rows if outcome is None or out == outcome][:limit]
+
+    def migrate_reports(self, convert: Callable[[bytes], tuple[str, str] | None]) -> tuple[int, int]:
+        """Move the reports an earlier robustd stored (table `diagnostics`, serialized protobuf) into
+        `diagnostic_reports`, in one transaction, and drop the old table; return (moved, unreadable).
+
+        `convert` turns one stored blob into (outcome name, JSON), or None when it cannot be read; the
+        store knows no protobuf (robustd/api/diagnostics_convert.py does). Call it before anything else
+        writes (at start); a log that cannot be written now is migrated at a later start.
+        """
+        db = self._wdb
+        if db is None or not db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'diagnostics'").fetchone():
+            return 0, 0
+        moved = unreadable = 0
+        with _Tx(db):
+            for report_id, started, blob in db.execute("SELECT id, started, report FROM diagnostics").fetchall():
+                got = convert(bytes(blob))
+                if got is None:
+                    unreadable += 1
+                    continue
+                db.execute("INSERT OR IGNORE INTO diagnostic_reports VALUES (?, ?, ?, ?)",
+                           (str(report_id), float(started), *got))
+                moved += 1
+            db.execute("DROP TABLE diagnostics")
+        return moved, unreadable
 
     def goldens(self) -> list[tuple[str, str, str, float]]:
         found = {str(r[0]): (str(r[1]), str(r[2]), float(r[3]))
@@ -345,11 +371,11 @@ def _write_meta(db: sqlite3.Connection, key: str, value: str) -> None:
     db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
 
-def _write_report(db: sqlite3.Connection, report_id: str, started: float, outcome: int, blob: bytes,
+def _write_report(db: sqlite3.Connection, report_id: str, started: float, outcome: str, text: str,
                   keep: int) -> None:
-    db.execute("INSERT OR REPLACE INTO diagnostics VALUES (?, ?, ?, ?)", (report_id, started, outcome, blob))
-    db.execute("DELETE FROM diagnostics WHERE id NOT IN (SELECT id FROM diagnostics ORDER BY started DESC LIMIT ?)",
-               (keep,))
+    db.execute("INSERT OR REPLACE INTO diagnostic_reports VALUES (?, ?, ?, ?)", (report_id, started, outcome, text))
+    db.execute("DELETE FROM diagnostic_reports WHERE id NOT IN "
+               "(SELECT id FROM diagnostic_reports ORDER BY started DESC LIMIT ?)", (keep,))
 
 
 def _write_golden(db: sqlite3.Connection, key: str, digest: str, report_id: str, at: float) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from checks.counters import Counter, counter_delta
 from checks.host import (
     HostCheck,
     HostConfig,
@@ -18,7 +19,7 @@ from checks.host import (
     parse_mounts,
     parse_psi,
 )
-from checks.pcie import Counter, PcieCheck, PcieConfig, counter_delta, parse_aer, parse_hex, parse_link_speed
+from checks.pcie import PcieCheck, PcieConfig, parse_aer, parse_hex, parse_link_speed
 from checks.thermal import Sensor, ThermalCheck, judge, parse_millidegrees, read_hwmon, sensor_id
 from robustd.check import CheckConfig, CheckContext
 from robustd.model import Severity

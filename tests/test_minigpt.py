@@ -1,4 +1,4 @@
-"""MiniGPT bitwise replay child (checks/stoptime/minigpt.py), run as the daemon runs it: a subprocess with a spec.
+"""MiniGPT bitwise replay child (checks/diagnostics/minigpt.py), run as the daemon runs it: a subprocess with a spec.
 
 Only the CPU path runs here (one worker per `cpu_ranks`); the verdict logic and component naming are pure
 functions tested directly. This module never imports torch itself.
@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from checks.stoptime.minigpt import RankOutcome, judge, majority, rank_components
+from checks.diagnostics.minigpt import RankOutcome, judge, majority, rank_components
+from robustd.diagnostics import golden
+from robustd.diagnostics.launcher import parse_result
+from robustd.diagnostics.model import Status, TestResult
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 8
@@ -25,11 +28,11 @@ def run_raw(tmp_path: Path, name: str, python: str = sys.executable,
             **overrides: Any) -> subprocess.CompletedProcess[str]:
     spec: dict[str, Any] = {"test": "minigpt", "run_id": f"t-{name}", "node": "test-node",
                             "work_dir": str(tmp_path), "timeout": 60.0, "gpus": [], "backend": "gloo",
-                            "cpu_ranks": 4, "steps": STEPS, "golden": None, "faults": {}}
+                            "cpu_ranks": 4, "steps": STEPS, "faults": {}}
     spec.update(overrides)
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(spec))
-    return subprocess.run([python, "-m", "checks.stoptime.minigpt", "--spec", str(path)], cwd=REPO,
+    return subprocess.run([python, "-m", "checks.diagnostics.minigpt", "--spec", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -71,9 +74,16 @@ def _outcomes(*digests: str | None) -> list[RankOutcome]:
             for i, d in enumerate(digests)]
 
 
-def _judge(outcomes: list[RankOutcome], golden: str | None = None) -> dict[str, dict[str, Any]]:
-    results = judge(outcomes, golden, "GPU", {"torch_version": "x", "device": "NVIDIA H100"}, 2.0)
+def _judge(outcomes: list[RankOutcome]) -> dict[str, dict[str, Any]]:
+    results = judge(outcomes, "GPU", {"torch_version": "x", "device": "NVIDIA H100"}, 2.0)
     return {r["component"]: r for r in results}
+
+
+def _golden(results: dict[str, dict[str, Any]], recorded: str) -> TestResult:
+    """The host result after the daemon's one golden judgement (the child only computes the node digest)."""
+    parsed = [parse_result("minigpt", r) for r in results.values()]
+    judged = golden.judge(parsed, driver="", cpu_model="test CPU", golden=lambda key: recorded)
+    return next(x for x in judged if x.component == "host")
 
 
 def test_judge_minority_is_the_suspect() -> None:
@@ -120,10 +130,10 @@ def test_judge_ranks_without_evidence_are_skipped_a_hung_one_fails() -> None:
 
 
 def test_judge_golden() -> None:
-    assert _judge(_outcomes(DIGEST_A, DIGEST_A), golden=DIGEST_A)["host"]["status"] == "PASS"
-    host = _judge(_outcomes(DIGEST_A, DIGEST_A), golden=DIGEST_B)["host"]
-    assert host["status"] == "FAIL"
-    assert host["details"]["node_digest"] == DIGEST_A and host["details"]["golden"] == DIGEST_B
+    assert _golden(_judge(_outcomes(DIGEST_A, DIGEST_A)), DIGEST_A).status == Status.PASS
+    host = _golden(_judge(_outcomes(DIGEST_A, DIGEST_A)), DIGEST_B)
+    assert host.status == Status.FAIL
+    assert host.details["node_digest"] == DIGEST_A and host.details["golden"] == DIGEST_B
 
 
 # ---------------------------------------------------------------------------------------------- the child
@@ -145,26 +155,27 @@ def test_cpu_ranks_agree_bitwise(baseline: dict[str, dict[str, Any]]) -> None:
     assert host["details"]["node_digest"] == digest
     assert host["details"]["device"] == "cpu"
     assert host["details"]["torch_version"].startswith("2.13.0")
-    assert host["details"]["golden"] is None
+    assert "golden" not in host["details"]  # compared by the daemon after the run (robustd/diagnostics/golden.py)
     assert host["details"]["steps"] == STEPS and host["details"]["model"].startswith("robustd-minigpt-v1")
     assert host["figures"]["final_loss"] == baseline["rank/0"]["figures"]["final_loss"]
 
 
 def test_reproducible_across_runs_and_golden_match(baseline: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     node_digest = baseline["host"]["details"]["node_digest"]
-    results, _ = run_child(tmp_path, "again", cpu_ranks=2, golden=node_digest)
+    results, _ = run_child(tmp_path, "again", cpu_ranks=2)
     assert results["host"]["details"]["node_digest"] == node_digest  # bitwise identical in a fresh run
-    assert results["host"]["status"] == "PASS"
-    assert "golden" in results["host"]["message"]
+    host = _golden(results, node_digest)
+    assert host.status == Status.PASS
+    assert "golden" in host.message
     assert [results[f"rank/{i}"]["status"] for i in range(2)] == ["PASS", "PASS"]
 
 
 def test_golden_mismatch_fails_host(baseline: dict[str, dict[str, Any]], tmp_path: Path) -> None:
-    results, _ = run_child(tmp_path, "golden", cpu_ranks=2, golden="0" * 64)
-    host = results["host"]
-    assert host["status"] == "FAIL"
-    assert host["details"]["golden"] == "0" * 64
-    assert host["details"]["node_digest"] == baseline["host"]["details"]["node_digest"]
+    results, _ = run_child(tmp_path, "golden", cpu_ranks=2)
+    host = _golden(results, "0" * 64)
+    assert host.status == Status.FAIL
+    assert host.details["golden"] == "0" * 64
+    assert host.details["node_digest"] == baseline["host"]["details"]["node_digest"]
     assert [results[f"rank/{i}"]["status"] for i in range(2)] == ["PASS", "PASS"]  # the ranks agree
 
 

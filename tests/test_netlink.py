@@ -5,7 +5,18 @@ from __future__ import annotations
 import os
 import struct
 
-from checks.netlink import IFLA_CARRIER, IFLA_IFNAME, RTM_DELLINK, decode, dump_links, open_netlink
+from checks.nic.netlink import (
+    IFLA_CARRIER,
+    IFLA_IFNAME,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    RTM_DELLINK,
+    RTM_GETLINK,
+    decode,
+    dump_links,
+    link_events,
+    open_netlink,
+)
 
 
 def _sysfs(ifname: str, name: str) -> str:
@@ -39,3 +50,16 @@ def test_decode_handles_dellink_and_nested_flags_and_truncation() -> None:
     [m] = decode(msg + b"\x01\x02")  # trailing garbage shorter than a header is ignored
     assert m.seq == 5 and m.link is not None
     assert (m.link.ifname, m.link.index, m.link.carrier, m.link.gone, m.link.admin_up) == ("ib0", 9, False, True, True)
+
+
+def test_subscription_decoder_reads_what_the_dump_decoder_reads() -> None:
+    """Events go through pyroute2 (link_events), dumps through the hand decoder: same links either way."""
+    sock = open_netlink(0, None, "")
+    try:
+        sock.settimeout(2.0)
+        sock.send(struct.pack("=IHHII", 32, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 11, 0) + bytes(16))
+        data = sock.recv(1 << 20)
+    finally:
+        sock.close()
+    by_hand = [m.link for m in decode(data) if m.link is not None]
+    assert by_hand and link_events(data) == by_hand

@@ -15,9 +15,10 @@ import pytest
 from conftest import Daemon, need_root
 from test_daemon import Watcher, cond
 
-from checks.ib import IbPorts, PortState, RateWindow, parse_ib_state, parse_rate
-from checks.netlink import LinkObs, LinkTracker
+from checks.counters import RateWindow
 from checks.nic import NicCheck, NicConfig
+from checks.nic.ib import IbPorts, PortState, parse_ib_state, parse_rate
+from checks.nic.netlink import LinkObs, LinkTracker
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeTable
 from robustd.model import FindingKind

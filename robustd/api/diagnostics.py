@@ -6,20 +6,24 @@ from typing import AsyncIterator
 
 import grpc
 
+from robustd.api import diagnostics_convert as convert
+from robustd.api.requests import Invalid
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.bounds import echo
-from robustd.diag.manager import BadRequest, Busy, DiagManager, Refused
+from robustd.diagnostics.manager import BadRequest, Busy, DiagnosticsManager, Refused
 
 
 class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
-    def __init__(self, manager: DiagManager):
+    def __init__(self, manager: DiagnosticsManager):
         self.manager = manager
 
     async def Run(self, request: pb.RunRequest,
                   context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DiagnosticProgress]:
         try:
-            run = self.manager.start(request)
+            run = self.manager.start(convert.run_request(request))
+        except Invalid as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Busy as e:
             await context.abort(grpc.StatusCode.ABORTED, str(e))
         except Refused as e:
@@ -29,33 +33,33 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
         queue = self.manager.subscribe(run)
         # A client that goes away does not stop the run: its report stays available through Get.
         while (msg := await queue.get()) is not None:
-            yield msg
+            yield convert.progress(msg)
 
     async def Get(self, request: pb.GetDiagnosticRequest, context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
         report = self.manager.get(request.id)
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {echo(request.id)}")
-        return report
+        return convert.report(report)
 
     async def List(self, request: pb.ListDiagnosticsRequest,
                    context: grpc.aio.ServicerContext) -> pb.ListDiagnosticsResponse:
         if request.limit < 0 or request.limit > 1000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit must be between 0 and 1000")
-        return pb.ListDiagnosticsResponse(reports=self.manager.list(request.limit or 20))
+        return pb.ListDiagnosticsResponse(reports=[convert.report(r) for r in self.manager.list(request.limit or 20)])
 
     async def Cancel(self, request: pb.CancelDiagnosticRequest,
                      context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
         report = await self.manager.cancel(request.id)
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {echo(request.id)}")
-        return report
+        return convert.report(report)
 
     async def RecordGolden(self, request: pb.RecordGoldenRequest, context: grpc.aio.ServicerContext) -> pb.Golden:
         try:
-            return self.manager.record_golden(request.report_id)
+            return convert.golden(self.manager.record_golden(request.report_id))
         except BadRequest as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
 
     async def ListGoldens(self, request: pb.ListGoldensRequest,
                           context: grpc.aio.ServicerContext) -> pb.ListGoldensResponse:
-        return pb.ListGoldensResponse(goldens=self.manager.goldens())
+        return pb.ListGoldensResponse(goldens=[convert.golden(g) for g in self.manager.goldens()])

@@ -8,7 +8,7 @@ to go on, and GetVerdict abridges its least severe conditions if the caps were r
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator, Callable, Iterator, Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 
@@ -16,19 +16,19 @@ from robustd import bounds
 from robustd.api import convert, requests
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.engine import Engine, NotWritten
+from robustd.engine import EngineView, NotWritten
 from robustd.model import Event, EventKind, Severity, worst
 from robustd.runner import CheckState
-from robustd.store import iter_batches
 
 MAX_LIMIT = 10_000
 HEADROOM = 64  # bytes of a response beside what is measured (scalars set after the measuring)
 
 
 class NodeHealthServicer(pb_grpc.NodeHealthServicer):
-    def __init__(self, engine: Engine, node: str, boot_id: str, checks: Callable[[], Sequence[CheckState]],
-                 max_message_bytes: int = 4 << 20):
-        self.engine = engine
+    def __init__(self, view: EngineView, acknowledge: Callable[[str, str, str], Awaitable[Event]], node: str,
+                 boot_id: str, checks: Callable[[], Sequence[CheckState]], max_message_bytes: int = 4 << 20):
+        self.view = view
+        self.acknowledge = acknowledge  # Engine.acknowledge: the one change this service makes
         self.limit = max_message_bytes  # the largest message a call may send (listen.max_message_bytes)
         self.node = node
         self.boot_id = boot_id
@@ -36,12 +36,12 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         self._serialised = convert.SerialisedConditions()
 
     async def GetVerdict(self, request: pb.GetVerdictRequest, context: grpc.aio.ServicerContext) -> pb.Verdict:
-        await self.engine.settled()  # writes in flight get their seqs first; a stuck disk delays this little
-        conds, head = self.engine.snapshot()
+        await self.view.settled()  # writes in flight get their seqs first; a stuck disk delays this little
+        conds, head = self.view.snapshot()
         severity, action = worst(conds)
         v = pb.Verdict(node=self.node, severity=int(severity), action=int(action), seq=head, at=convert.ts(time.time()),
                        boot_id=self.boot_id, emulated=self._emulated(),
-                       event_log_error=convert.label(self.engine.store_error), events_held=len(self.engine.backlog))
+                       event_log_error=convert.label(self.view.store_error), events_held=self.view.events_held)
         budget = self.limit - v.ByteSize() - HEADROOM
         fields = self._serialised.fields(conds)
         if sum(map(len, fields)) <= budget:  # always, with the default caps and message limit
@@ -59,24 +59,24 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         return labels
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Event]:
-        store = self.engine.store
-        sub = self.engine.hub.subscribe()  # before reading the log: nothing falls between the two
+        view = self.view
+        sub = view.subscribe()  # before reading the log: nothing falls between the two
         try:
             # Headers go out at once, so a client knows its stream is registered before any event.
-            await context.send_initial_metadata((("robustd-head-seq", str(store.head_seq())),))
+            await context.send_initial_metadata((("robustd-head-seq", str(view.head_seq())),))
             try:
                 last = requests.seq(request.from_seq, "from_seq")
             except requests.Invalid as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             limit = self.limit
             if last == 0:
-                await self.engine.settled()
-                conds, head = self.engine.snapshot()
+                await self.view.settled()
+                conds, head = self.view.snapshot()
                 for c in conds:
                     yield convert.event_within(Event(EventKind.RAISED, c, c.changed_at, c.seq), limit, snapshot=True)
                 last = head
             else:
-                head, pruned = store.head_seq(), store.pruned_through()
+                head, pruned = view.head_seq(), view.pruned_through()
                 if last > head:
                     await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                         f"from_seq {last} is ahead of this node's event log (newest seq {head}); "
@@ -85,7 +85,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                         f"events after seq {last} up to {pruned} are past retention; "
                                         "re-snapshot with from_seq=0 (or GetVerdict, then watch from its seq)")
-            for ev in self._log_after(last):
+            for ev in view.events_after(last):
                 yield convert.event_within(ev, limit)
                 last = ev.seq
             while True:
@@ -93,7 +93,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     while not sub.queue.empty():
                         sub.queue.get_nowait()
                     sub.lagged = False
-                    for ev in self._log_after(last):
+                    for ev in view.events_after(last):
                         yield convert.event_within(ev, limit)
                         last = ev.seq
                     continue
@@ -108,11 +108,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     yield convert.event_within(ev, limit)
                     last = ev.seq
         finally:
-            self.engine.hub.unsubscribe(sub)
-
-    def _log_after(self, last: int) -> Iterator[Event]:
-        for batch in iter_batches(self.engine.store, last):
-            yield from batch
+            view.unsubscribe(sub)
 
     async def ListEvents(self, request: pb.ListEventsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
@@ -128,10 +124,10 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                                        f"most {bounds.MAX_COMPONENT}")
         except requests.Invalid as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        store = self.engine.store
-        events = store.query(since=since, component=request.component, min_severity=request.min_severity,
+        view = self.view
+        events = view.query(since=since, component=request.component, min_severity=request.min_severity,
                              limit=request.limit or 100, after_seq=after_seq)
-        resp = pb.ListEventsResponse(oldest_seq=store.oldest_seq(), head_seq=store.head_seq())
+        resp = pb.ListEventsResponse(oldest_seq=view.oldest_seq(), head_seq=view.head_seq())
         budget = self.limit - resp.ByteSize() - HEADROOM
         out: list[pb.Event] = []
         used = 0
@@ -160,7 +156,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         except requests.Invalid as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
-            ev = await self.engine.acknowledge(request.component, request.code, request.reason or "acknowledged")
+            ev = await self.acknowledge(request.component, request.code, request.reason or "acknowledged")
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no standing condition {bounds.echo(request.code)} "
                                 f"on {bounds.echo(request.component)}")

@@ -18,9 +18,8 @@ from typing import Any
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.cli import output, remote, render, trace
-from robustd.cli.args import AddGlobals, verbs
+from robustd.cli.args import AddGlobals, positive_duration, verbs
 from robustd.cli.client import Client
-from robustd.durations import parse_duration
 from robustd.fleet import replay, standby
 from robustd.fleet.stacks import Aggregation, Layout, ParallelGroup, aggregate, fail_slow
 
@@ -48,10 +47,10 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     st.add_argument("--fail-slow", action="store_true", help="fail-slow mode: 5 rounds 10 s apart, evict the "
                                                               "group flagged most often")
     st.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds (default 1; 5 with --fail-slow)")
-    st.add_argument("--interval", type=_seconds, default=10.0, metavar="DURATION",
+    st.add_argument("--interval", type=positive_duration, default=10.0, metavar="DURATION",
                     help="time between rounds (default 10s)")
     st.add_argument("--native", action="store_true", help="include native frames")
-    st.add_argument("--capture-timeout", type=_seconds, default=None, metavar="DURATION",
+    st.add_argument("--capture-timeout", type=positive_duration, default=None, metavar="DURATION",
                     help="per-process py-spy deadline (default: each daemon's tracer.timeout)")
     layout(verb("replay-plan", "dual-phase replay: the horizontal and vertical groupings "
                                "(m = k*PP machines per group, n = machines/m groups, m <= n)"))
@@ -106,16 +105,6 @@ def _plan_text(plan: replay.ReplayPlan) -> str:
     lines.append("phase 2 (vertical, machine x in group x mod n):")
     lines += [f"  V{j}: {' '.join(map(str, g))}" for j, g in enumerate(plan.vertical)]
     return "\n".join(lines)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than zero")
-    return value
 
 
 def parse_layout(text: str) -> Layout:

@@ -26,9 +26,8 @@ import grpc
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import output, render
-from robustd.cli.args import verbs
+from robustd.cli.args import duration, positive_duration, verbs
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
-from robustd.durations import parse_duration
 from robustd.roots import DEFAULT_SOCKET
 
 _SEVERITY_EXIT = {pb.SEVERITY_WARNING: 1, pb.SEVERITY_CRITICAL: 2}
@@ -60,18 +59,8 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive_duration(text: str) -> float:
-    value = _duration(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"timeout {text!r} must be more than zero")
-    return value
+def _timeout(text: str) -> float:
+    return positive_duration(text, "timeout")
 
 
 def _non_negative(text: str) -> int:
@@ -105,7 +94,7 @@ def _add_globals(p: argparse.ArgumentParser, defaults: bool) -> None:
                    "(TLS on --address; plaintext without it)")
     p.add_argument("--tls-cert", default=d(None), metavar="PEM", help="client certificate (mutual TLS)")
     p.add_argument("--tls-key", default=d(None), metavar="PEM", help="client private key (mutual TLS)")
-    p.add_argument("--timeout", type=_positive_duration, default=d(5.0), metavar="DURATION",
+    p.add_argument("--timeout", type=_timeout, default=d(5.0), metavar="DURATION",
                    help="deadline for each request (default 5s)")
     p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of tables")
 
@@ -122,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--from-seq", type=_non_negative, default=0, metavar="N",
                    help="resume after event N (default: a snapshot, then live events)")
     e = verb("events", "list past events")
-    e.add_argument("--since", type=_duration, metavar="DURATION", help="only events newer than now minus this")
+    e.add_argument("--since", type=duration, metavar="DURATION", help="only events newer than now minus this")
     e.add_argument("--component", default="", help="exact component, or a prefix ending in / (gpu/)")
     e.add_argument("--min-severity", type=_severity, default=0, metavar="{ok,warning,critical}")
     e.add_argument("--limit", type=_non_negative, default=0, metavar="N", help="newest N matches (default 100)")
@@ -152,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     from robustd.cli import trace
 
     trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)"),
-                        _positive_duration)
+                        _timeout)
     return parser
 
 

@@ -23,8 +23,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from robustd.config import ConfigError, _where
+from robustd.config import ConfigError
 from robustd.triage.model import CLASSES, INFRA, NEXT
+from robustd.yamlpos import where as _where
 
 SHIPPED = str(Path(__file__).parent / "rules.yaml")
 TESTS = ("eud", "all_to_all", "all_gather", "minigpt")  # what a `level` may name, in this order of cost

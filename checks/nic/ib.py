@@ -2,7 +2,7 @@
 
 The NIC check polls these once per interval. Parsers take the text of one sysfs file and are
 tested on literal strings; `IbPorts` turns readings into findings on `ib/<dev>/<port>`.
-`RateWindow` (shared with the NIC counters) turns a monotonic counter into a rate over a
+`RateWindow` (checks/counters.py, shared with the NIC counters) turns a monotonic counter into a rate over a
 window, and treats a counter that went backwards (driver reload, reset) as a new baseline,
 never as a huge or negative rate.
 """
@@ -13,10 +13,10 @@ import fnmatch
 import functools
 import os
 import re
-from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from checks.counters import RateWindow
 from checks.sysfs import read_text
 from robustd.model import Finding, FindingKind
 
@@ -94,32 +94,6 @@ def read_port(path: str) -> PortReading:
         except (OSError, ValueError):
             continue
     return PortReading(state, phys, rate, counters)
-
-
-@dataclass
-class RateWindow:
-    """Samples of one counter over `window` seconds; `add` returns the increase since the last sample."""
-
-    window: float
-    samples: deque[tuple[float, int]] = field(default_factory=deque)
-
-    def add(self, t: float, value: int) -> int | None:
-        """The increase since the last sample; None for the first sample or after a reset."""
-        last = self.samples[-1][1] if self.samples else None
-        if last is not None and value < last:  # reset (driver reload): start a new baseline
-            self.samples.clear()
-            last = None
-        self.samples.append((t, value))
-        while len(self.samples) > 2 and t - self.samples[1][0] >= self.window:
-            self.samples.popleft()
-        return None if last is None else value - last
-
-    def rate(self) -> float | None:
-        """Increase per second across the window; None until two samples exist."""
-        if len(self.samples) < 2:
-            return None
-        (t0, v0), (t1, v1) = self.samples[0], self.samples[-1]
-        return (v1 - v0) / (t1 - t0) if t1 > t0 else None
 
 
 @dataclass

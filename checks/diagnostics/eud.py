@@ -1,6 +1,6 @@
 """Stop-time test 1: NVIDIA EUD through `dcgmi diag -r eud -j` (child process, see PROTOCOL.md).
 
-    python -m checks.stoptime.eud --spec SPEC.json
+    python -m checks.diagnostics.eud --spec SPEC.json
 
 Runs `spec["eud"]["command"]` with the spec's timeout, reads stdout whatever the exit status (205 and 226
 still carry JSON) and turns the DCGM 3.x or 4.x document into one result per GPU (`gpu/<bus_id>`), plus
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.stoptime.child import (
+from checks.diagnostics.protocol import (
     ERROR,
     FAIL,
     MAX_TIMEOUT,

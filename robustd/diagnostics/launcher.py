@@ -1,7 +1,8 @@
-"""One stop-time test child: started in its own process group, read line by line, killed whole.
+"""The child launcher: one stop-time test child, started in its own process group, read line by line, killed whole.
 
-The protocol is in checks/stoptime/PROTOCOL.md. The daemon never imports torch; everything
-heavy happens in these children, and a child that hangs is killed with its whole tree.
+The protocol is in checks/diagnostics/PROTOCOL.md; the module a test runs is its entry in table.py.
+The daemon never imports torch; everything heavy happens in these children, and a child that hangs
+is killed with its whole tree.
 
 A child that cannot start or run (no interpreter, no torch, a bad spec, a crash) is an ERROR result
 whose message says why; only the child's own FAIL lines, which carry evidence, make a FAIL. What the
@@ -20,11 +21,10 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from checks.stoptime.child import EXIT_CANNOT_RUN  # stdlib only; cannot_run's last stderr line says why
-from robustd.api.v1 import robustd_pb2 as pb
+from checks.diagnostics.protocol import EXIT_CANNOT_RUN  # stdlib only; cannot_run's last stderr line says why
+from robustd.diagnostics.model import Status, TestResult
+from robustd.diagnostics.table import TESTS
 
-MODULES = {"eud": "eud", "all_to_all": "collectives", "all_gather": "collectives", "minigpt": "minigpt"}
-STATUS = {"PASS": pb.RESULT_PASS, "FAIL": pb.RESULT_FAIL, "SKIPPED": pb.RESULT_SKIPPED, "ERROR": pb.RESULT_ERROR}
 KILL_GRACE = 10.0  # seconds past the test's own timeout before the daemon kills the tree
 STDERR_KEEP = 4000
 # Bounds on what a child's stdout may make the daemon hold.
@@ -36,7 +36,7 @@ MAX_ENTRIES = 64  # figures and details per result
 MAX_KEY = 64
 MAX_VALUE = 4000
 REASON_KEEP = 500
-# The directory holding the `checks` package: the children are `python -m checks.stoptime.<module>`,
+# The directory holding the `checks` package: the children are `python -m checks.diagnostics.<test>`,
 # found whatever the daemon's working directory and whichever interpreter diagnostics.python names.
 def _checks_root() -> str:
     spec = importlib.util.find_spec("checks")  # located, not imported
@@ -66,7 +66,7 @@ class Child:
 
 
 async def run_child(child: Child, python: str, spec: dict[str, Any], spec_path: str,
-                    on_progress: Callable[[float, str], None]) -> list[pb.TestResult]:
+                    on_progress: Callable[[float, str], None]) -> list[TestResult]:
     """Run one test to its results; a crash, a kill, a timeout or a failed start becomes an ERROR result."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = CHECKS_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -74,13 +74,13 @@ async def run_child(child: Child, python: str, spec: dict[str, Any], spec_path: 
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         child.proc = await asyncio.create_subprocess_exec(
-            python, "-m", f"checks.stoptime.{MODULES[child.test]}", "--spec", spec_path,
+            python, "-m", TESTS[child.test].module, "--spec", spec_path,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True, env=env, limit=MAX_LINE)
     except OSError as e:  # no such interpreter, not executable, the state dir unwritable
         return [_error(child.test, f"{child.test} could not start: {e.strerror or e}"
                                    + (f": {e.filename}" if e.filename else ""))]
-    results: list[pb.TestResult] = []
+    results: list[TestResult] = []
     err_task = asyncio.get_running_loop().create_task(_drain(child))
     limit = float(spec["timeout"]) + KILL_GRACE
     try:
@@ -116,9 +116,9 @@ async def run_child(child: Child, python: str, spec: dict[str, Any], spec_path: 
     return results
 
 
-def _error(test: str, message: str, details: dict[str, str] | None = None) -> pb.TestResult:
-    return pb.TestResult(test=test, component="host", status=pb.RESULT_ERROR, message=message[:MAX_MESSAGE],
-                         details=details or {})
+def _error(test: str, message: str, details: dict[str, str] | None = None) -> TestResult:
+    return TestResult(test=test, component="host", status=Status.ERROR, message=message[:MAX_MESSAGE],
+                      details=details or {})
 
 
 def _last_line(text: str) -> str:
@@ -127,7 +127,7 @@ def _last_line(text: str) -> str:
     return lines[-1][:REASON_KEEP] if lines else ""
 
 
-async def _read(child: Child, results: list[pb.TestResult], on_progress: Callable[[float, str], None]) -> None:
+async def _read(child: Child, results: list[TestResult], on_progress: Callable[[float, str], None]) -> None:
     assert child.proc is not None and child.proc.stdout is not None
     stream = child.proc.stdout
     skipping = False  # inside a line longer than MAX_LINE
@@ -151,7 +151,7 @@ async def _read(child: Child, results: list[pb.TestResult], on_progress: Callabl
         _handle(child, raw, results, on_progress)
 
 
-def _handle(child: Child, raw: bytes, results: list[pb.TestResult], on_progress: Callable[[float, str], None]) -> None:
+def _handle(child: Child, raw: bytes, results: list[TestResult], on_progress: Callable[[float, str], None]) -> None:
     try:
         msg = json.loads(raw)
     except ValueError:
@@ -164,7 +164,7 @@ def _handle(child: Child, raw: bytes, results: list[pb.TestResult], on_progress:
         if len(results) >= MAX_RESULTS:
             child.dropped += 1
             return
-        results.append(_result(child.test, msg))
+        results.append(parse_result(child.test, msg))
 
 
 def _finite(value: Any) -> bool:
@@ -176,14 +176,16 @@ def _number(value: Any) -> float:
     return float(value) if _finite(value) else 0.0
 
 
-def _result(test: str, msg: dict[str, Any]) -> pb.TestResult:
+def parse_result(test: str, msg: dict[str, Any]) -> TestResult:
+    """One result line of a child (PROTOCOL.md), bounded; an unknown status is an ERROR."""
     figures_in = msg.get("figures") if isinstance(msg.get("figures"), dict) else {}
     details_in = msg.get("details") if isinstance(msg.get("details"), dict) else {}
     figures = {str(k)[:MAX_KEY]: float(v) for k, v in list(figures_in.items())[:MAX_ENTRIES] if _finite(v)}
     details = {str(k)[:MAX_KEY]: str(v)[:MAX_VALUE] for k, v in list(details_in.items())[:MAX_ENTRIES]}
-    return pb.TestResult(test=test, component=str(msg.get("component") or "host")[:MAX_COMPONENT],
-                         status=STATUS.get(str(msg.get("status", "")).upper(), pb.RESULT_ERROR),
-                         message=str(msg.get("message", ""))[:MAX_MESSAGE], figures=figures, details=details)
+    status = str(msg.get("status", "")).upper()
+    return TestResult(test=test, component=str(msg.get("component") or "host")[:MAX_COMPONENT],
+                      status=Status[status] if status in Status.__members__ else Status.ERROR,
+                      message=str(msg.get("message", ""))[:MAX_MESSAGE], figures=figures, details=details)
 
 
 async def _drain(child: Child) -> None:

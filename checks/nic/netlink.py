@@ -1,11 +1,18 @@
 """Netlink link state for the NIC check: readings, the (netns-aware) socket, dumps, the tracker.
 
-Kept apart from `checks/nic.py` so the check itself reads as config, scheduling and counters.
+Kept apart from the check (`checks/nic/__init__.py`) so the check itself reads as config, scheduling and counters.
+
+pyroute2 decodes the subscription's events (`link_events`) and enters the watched namespace
+(`open_netlink`). The once-a-second RTM_GETLINK dump (`dump_links`) is still decoded by hand
+(`decode`): measured on this build host (4 links, 200 dumps), pyroute2's generic decoder takes
+0.78 ms a dump (194 us a link) against 0.075 ms (19 us a link) by hand, and a training node with
+20-odd links would spend ~0.4 % of a core on decoding alone, against a budget of 1 % for the whole
+daemon (issue 15: 0.92x node_exporter before). Events are rare (a carrier change), so their cost
+does not matter and they take the library's decoder.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import struct
@@ -15,11 +22,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyroute2 import netns
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
 from robustd.model import Finding, FindingKind
 
 DOWN_OPERSTATES = {"DOWN", "LOWERLAYERDOWN", "NOTPRESENT"}
 IFF_UP = 0x1
-CLONE_NEWNET = 0x40000000
 
 # -- netlink ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -112,6 +121,22 @@ def _link(data: bytes, pos: int, end: int, gone: bool) -> LinkObs:
                    carrier_changes=changes, stats=stats, gone=gone)
 
 
+def link_events(data: bytes, marshal: MarshalRtnl | None = None) -> list[LinkObs]:
+    """The links of the RTM_NEWLINK / RTM_DELLINK messages in one recv buffer of the subscription (pyroute2)."""
+    out: list[LinkObs] = []
+    for msg in (marshal or MarshalRtnl()).parse(data):
+        kind = msg["header"]["type"]
+        if kind not in (RTM_NEWLINK, RTM_DELLINK):
+            continue
+        carrier, stats = msg.get_attr("IFLA_CARRIER"), msg.get_attr("IFLA_STATS64")
+        out.append(LinkObs(ifname=msg.get_attr("IFLA_IFNAME") or "", index=msg["index"],
+                           admin_up=bool(msg["flags"] & IFF_UP), carrier=None if carrier is None else bool(carrier),
+                           operstate=msg.get_attr("IFLA_OPERSTATE") or "UNKNOWN",
+                           carrier_changes=msg.get_attr("IFLA_CARRIER_CHANGES"),
+                           stats={k: int(stats[k]) for k in STATS64} if stats else {}, gone=kind == RTM_DELLINK))
+    return out
+
+
 def open_netlink(groups: int, netns_path: str | None, self_ns: str) -> socket.socket:
     """A NETLINK_ROUTE socket bound to `groups`, created inside `netns_path` if given.
 
@@ -128,20 +153,18 @@ def open_netlink(groups: int, netns_path: str | None, self_ns: str) -> socket.so
     out: list[Any] = []
 
     def enter() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
         try:
             home = os.open(self_ns, os.O_RDONLY)
-            target = os.open(netns_path, os.O_RDONLY)
             try:
-                if libc.setns(target, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into {netns_path}: {os.strerror(err)}")
+                try:  # flags=0: never create the namespace (pyroute2's default, O_CREAT, would)
+                    netns.setns(netns_path, flags=0)
+                except OSError as e:
+                    raise OSError(e.errno, f"setns into {netns_path}: {os.strerror(e.errno or 0)}") from None
                 try:
                     out.append(make())
                 finally:
-                    libc.setns(home, CLONE_NEWNET)
+                    netns.setns(home, flags=0)
             finally:
-                os.close(target)
                 os.close(home)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             out.append(e)

@@ -5,7 +5,7 @@ so a carrier or operstate change becomes NIC_DOWN (or its RESOLVED) within milli
 Poll (each interval, in the runner's worker thread): an RTM_GETLINK dump gives carrier,
 `carrier_changes` and the 64-bit rx/tx error and drop counters of every link (in the watched
 network namespace too, whose sysfs this process cannot see); sysfs gives link speed and the
-InfiniBand ports (`checks/ib.py`).
+InfiniBand ports (`checks/nic/ib.py`).
 
 Both paths feed one `LinkTracker` on the loop thread. Each reading carries the link's
 `carrier_changes`, so a dump taken just before an event can never undo what the event said,
@@ -25,16 +25,18 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import Field, field_validator
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
-from checks.ib import IbPorts, RateWindow, parse_rate
-from checks.netlink import LinkObs, LinkTracker, decode, dump_links, open_netlink
+from checks.counters import RateWindow
+from checks.nic.ib import IbPorts, parse_rate
+from checks.nic.netlink import LinkObs, LinkTracker, dump_links, link_events, open_netlink
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
 from robustd.model import Finding, FindingKind, Report
 from robustd.paths import AbsPath, NameOrPath
 
-RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "nic.yaml")
+RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules", "nic.yaml")
 DEFAULT_NETNS_DIR = "/run/netns"  # where `ip netns add` puts its handles
 _CLOSED = object()
 
@@ -74,6 +76,7 @@ class NicCheck(Check):
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: socket.socket | None = None
+        self._marshal = MarshalRtnl()  # pyroute2's decoder for the subscription's events
         self._dump: socket.socket | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tracker: LinkTracker | None = None
@@ -188,9 +191,8 @@ class NicCheck(Check):
                 if self._loop is not None:
                     self._loop.remove_reader(self._events.fileno())
                 break
-            for msg in decode(data):
-                if msg.link is not None:
-                    out += self._tracker.event(msg.link, now)
+            for link in link_events(data, self._marshal):
+                out += self._tracker.event(link, now)
         if out:
             self._queue.put_nowait(out)
 

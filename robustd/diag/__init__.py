@@ -1,1 +1,0 @@
-"""Stop-time diagnostics: the daemon side (runs, reports, children)."""
