@@ -41,6 +41,19 @@ DISRUPTIVE = frozenset({
     "/robustd.v1.NodeHealth/Acknowledge",
     "/robustd.v1.Tracer/CaptureStacks",  # pauses the training processes while it samples them
 })
+# The rest of robustd.v1, open to every caller the listener admits. Not consulted by the check (anything
+# not DISRUPTIVE is open); a test makes every method of the API appear in exactly one of the two sets, so a
+# new RPC is classified on purpose.
+READ_ONLY = frozenset({
+    "/robustd.v1.NodeHealth/GetVerdict",
+    "/robustd.v1.NodeHealth/Watch",
+    "/robustd.v1.NodeHealth/ListEvents",
+    "/robustd.v1.NodeHealth/ListChecks",
+    "/robustd.v1.Diagnostics/Get",
+    "/robustd.v1.Diagnostics/List",
+    "/robustd.v1.Diagnostics/ListGoldens",
+    "/robustd.v1.Diagnostics/Triage",  # pure: judges the logs it is sent, touches nothing on the node
+})
 _SAN_OID = bytes.fromhex("0603551d11")  # DER of OID 2.5.29.17, subjectAltName
 
 

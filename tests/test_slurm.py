@@ -439,6 +439,81 @@ def test_epilog_diagnoses_a_failed_job_and_drains_on_fail(make_node: Any, slurm:
         reason
 
 
+# --- triage in the epilog (issue 14): a user's bug never costs the node a test; an NCCL failure does -----
+
+TRAIN_KEYERROR = """\
+import sys
+
+
+def collate(batch, key):
+    return [sample[key] for sample in batch]
+
+
+print("step 1200 | loss 2.3141 | lr 3.0e-04", flush=True)
+batch = [{"input_ids": [101, 2023, 102], "attention_mask": [1, 1, 1]}]
+labels = collate(batch, "labels")
+"""
+
+# What a torch job prints when an InfiniBand completion fails under NCCL (NCCL_DEBUG=WARN, torch 1.13's
+# message): the WARN line from the transport, then the Python exception carrying ncclSystemError.
+TRAIN_NCCL = """\
+import os
+import sys
+
+host, pid = os.uname().nodename, os.getpid()
+print(f"{host}:{pid}:{pid + 61} [3] NCCL INFO Channel 00/0 : 3[3] -> 11[3] [send] via NET/IB/0", flush=True)
+print(f"{host}:{pid}:{pid + 61} [3] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+      "10.0.0.2<42174> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1 "
+      "remoteGid ::ffff:10.0.0.2", file=sys.stderr, flush=True)
+print(f"{host}:{pid}:{pid + 61} [3] NCCL INFO include/net.h:32 -> 6", file=sys.stderr, flush=True)
+raise RuntimeError("NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, unhandled system "
+                   "error, NCCL version 2.14.3\\nncclSystemError: System call (e.g. socket, malloc) or external "
+                   "library call failed or device error. \\nLast error:\\nNET/IB : Got completion from peer "
+                   "10.0.0.2<42174> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1 "
+                   "remoteGid ::ffff:10.0.0.2")
+"""
+
+
+def run_job(slurm: SlurmCluster, name: str, program: str) -> tuple[str, Path]:
+    """A job running `program` with this Python, its output (stdout and stderr) in jobs/<name>-<id>.out."""
+    script = slurm.root / "jobs" / f"{name}.py"
+    script.write_text(program)
+    job = slurm.submit(f"{sys.executable} {script}", output=slurm.root / "jobs" / f"{name}-%j.out")
+    return job, slurm.root / "jobs" / f"{name}-{job}.out"
+
+
+def test_epilog_triage_user_code_runs_no_diagnostics_and_keeps_the_node(make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"epilog_diagnostics": "quick", "epilog_timeout": "60s"}, env={"FAKE_DCGMI_MODE": "fail4"})
+    slurm.enable_hook("epilog", n.d.config_path)
+    job, out = run_job(slurm, "keyerror", TRAIN_KEYERROR)
+    slurm.wait_for(lambda: len(slurm.hook_exits("epilog")) >= 1, 30, "the epilog of the failed job")
+    assert slurm.hook_exits("epilog") == [0]
+    assert "KeyError: 'labels'" in out.read_text()  # a real traceback, in the job's own output file
+    epilog = slurm.hook_log("epilog")
+    assert f"job {job} triage" in epilog and "user_code" in epilog, epilog
+    assert "not diagnosing" in epilog, epilog
+    assert n.d.robustctl("diag", "list").stdout.strip() == "no diagnostics"
+    stays(slurm, ("idle", ""), 1.0)
+
+
+def test_epilog_triage_nccl_failure_diagnoses_and_drains_with_the_class(make_node: Any,
+                                                                        slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"epilog_diagnostics": "quick", "epilog_timeout": "60s"}, env={"FAKE_DCGMI_MODE": "fail4"})
+    slurm.enable_hook("epilog", n.d.config_path)
+    job, out = run_job(slurm, "nccl", TRAIN_NCCL)
+    slurm.wait_for(lambda: len(slurm.hook_exits("epilog")) >= 1, 30, "the epilog of the failed job")
+    assert slurm.hook_exits("epilog") == [0]
+    assert "ncclSystemError" in out.read_text()
+    epilog = slurm.hook_log("epilog")
+    assert f"job {job} triage" in epilog and "nccl" in epilog, epilog
+    state, reason = wait_drained(slurm, n)
+    report = json.loads(n.d.robustctl("--json", "diag", "list").stdout)["reports"][0]
+    assert report["outcome"] == "OUTCOME_FAIL"
+    assert reason.startswith(f"robustd: diagnostic {report['id']} FAIL after job {job}: eud failed on gpu/index2"), \
+        reason
+    assert "triage nccl" in reason, reason
+
+
 # --- beyond the list: reboot with a self-check, and on_critical: down ----------------------------------
 
 

@@ -45,6 +45,14 @@ BAD = [
      "'quick' is not a level in diagnostics.levels (known: fast)"),
     ("slurm:\n  epilog_diagnostics: thorough\n", "slurm.epilog_diagnostics", 2, "not a level"),
     ("slurm:\n  bogus: 1\n", "slurm.bogus", 2, "unknown key"),
+    ("slurm:\n  triage: sometimes\n", "slurm.triage", 2, "boolean"),
+    ("slurm:\n  triage_logs: [logs/%j.out]\n", "slurm.triage_logs.0", 2, "not an absolute path"),
+    ("slurm:\n  triage_logs:\n    - /scratch/%u/%j/*.log\n    - /scratch/%x.out\n", "slurm.triage_logs.1", 4,
+     "unknown %x (known: %j the job id, %u the job's user name, %% a %)"),
+    ("slurm:\n  triage_logs: ['/logs/100%']\n", "slurm.triage_logs.0", 2, "trailing %"),
+    ("slurm:\n  triage_logs: /logs/%j.out\n", "slurm.triage_logs", 2, "valid list"),
+    ("slurm:\n  triage_logs: [" + ", ".join(f"/l/{i}" for i in range(33)) + "]\n", "slurm.triage_logs", 2,
+     "at most 32"),
     ("slurm: [1, 2]\n", "slurm", 1, "valid dictionary"),
 ]
 
@@ -129,7 +137,9 @@ def test_the_epilog_of_a_job_that_succeeded_or_without_diagnostics_does_nothing(
     r = robustctl_slurm("epilog", cfg, {"SLURM_JOB_ID": "7", "SLURM_JOB_EXIT_CODE": "0"})
     assert r.returncode == 0 and r.stderr == "" and not calls.exists()
     r = robustctl_slurm("epilog", cfg, {"SLURM_JOB_ID": "8", "SLURM_JOB_EXIT_CODE": "256"})  # failed; robustd down
-    assert r.returncode == 0 and "job 8 failed" in r.stderr and "not diagnosing" in r.stderr and not calls.exists()
+    assert r.returncode == 0 and "job 8 failed" in r.stderr and "not diagnosing" in r.stderr
+    assert "job 8 triage" in r.stderr  # triage needs no daemon
+    assert calls.read_text().splitlines() == ["scontrol show job --oneliner 8"]  # where its output went; no update
 
 
 def test_a_hung_scontrol_cannot_hold_the_healthcheck_past_its_budget(make_daemon: Any, tmp_path: Path) -> None:

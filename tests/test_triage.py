@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from robustd.triage import LogText, read_log, to_json, triage
-from robustd.triage.judge import signal_name
+from robustd.triage.status import signal_name
 
 WATCHDOG = ("[rank{r}]:[E501 12:{m:02d}:01.123456789 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
             "operation timeout: WorkNCCL(SeqNum=8, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran "

@@ -7,6 +7,7 @@ from typing import AsyncIterator
 import grpc
 
 from robustd.api import diagnostics_convert as convert
+from robustd.api import triage
 from robustd.api.requests import Invalid
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
@@ -63,3 +64,7 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
     async def ListGoldens(self, request: pb.ListGoldensRequest,
                           context: grpc.aio.ServicerContext) -> pb.ListGoldensResponse:
         return pb.ListGoldensResponse(goldens=[convert.golden(g) for g in self.manager.goldens()])
+
+    async def Triage(self, request: pb.TriageRequest, context: grpc.aio.ServicerContext) -> pb.TriageResponse:
+        """Failure triage of a job's logs (read-only; robustd/api/triage.py has the bounds and the worker thread)."""
+        return await triage.handle(request, context)

@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)"),
                         _timeout)
+    from robustd.cli import triage
+
+    triage.add_arguments(verb("triage", "why a job failed, from its logs and exit status: failure class, whether "
+                                        "infrastructure is to blame, the next step (no daemon needed)"))
     return parser
 
 
@@ -287,6 +291,12 @@ def cmd_trace(client: Client, args: argparse.Namespace) -> int:
     return trace.exit_code(resp)
 
 
+def cmd_triage(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import triage
+
+    return _offline("triage", triage.run, args, file_exit=triage.EXIT_UNREADABLE)
+
+
 def cmd_slurm(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import slurm
 
@@ -302,7 +312,7 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
     "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet,
-    "trace": cmd_trace, "stragglers": cmd_stragglers, "slurm": cmd_slurm,
+    "trace": cmd_trace, "stragglers": cmd_stragglers, "slurm": cmd_slurm, "triage": cmd_triage,
 }
 
 

@@ -8,10 +8,12 @@ on bytes a scheduler sends, and the Slurm epilog before it decides to run stop-t
     print(to_json(answer))   # {"class": "nccl", "infra": "likely", "next": "diagnose", ...}
 """
 
+from robustd.triage.files import Unreadable, triage_files
 from robustd.triage.judge import triage
 from robustd.triage.model import CLASSES, INFRA, MAX_LOG_BYTES, MAX_LOGS, NEXT, Evidence, LogText, Triage
 from robustd.triage.reader import read_log
 from robustd.triage.render import to_json, to_text
 
 __all__ = ["CLASSES", "INFRA", "MAX_LOG_BYTES", "MAX_LOGS", "NEXT", "Evidence", "LogText", "Triage",
-           "read_log", "to_json", "to_text", "triage"]
+           "Unreadable", "read_log", "to_json", "to_text",
+           "triage", "triage_files"]

@@ -17,13 +17,12 @@ loudest lines are the consequences, so the judge looks for the *first* failure:
 
 from __future__ import annotations
 
-import contextlib
-import signal as signals
 from collections.abc import Sequence
 
 from robustd.triage.model import MAX_EVIDENCE, MAX_EVIDENCE_TEXT, MAX_LOGS, Evidence, LogText, Triage
 from robustd.triage.rules import RuleSet, shipped
 from robustd.triage.scan import Hit, scan
+from robustd.triage.status import exit_signal
 
 SAME_TIME = 2.0  # seconds: loggers buffer and round; closer than this is "at the same time"
 MAX_RANKS = 4096
@@ -31,39 +30,34 @@ _STOPPED = {"SIGTERM", "SIGINT", "SIGHUP"}  # sent by an operator or the schedul
 _TIERS = ("cause", "symptom", "context")
 
 
-def signal_name(value: str | int | None) -> str | None:
-    """`9`, `KILL`, `sigkill`, `SIGKILL` -> `SIGKILL`; None for None; ValueError for an unknown signal."""
-    if value is None or value == "":
-        return None
-    text = str(value).strip()
-    try:
-        if text.lstrip("-").isdigit():
-            return signals.Signals(abs(int(text))).name
-        name = text.upper()
-        return signals.Signals[name if name.startswith("SIG") else "SIG" + name].name
-    except (KeyError, ValueError):
-        raise ValueError(f"unknown signal {text[:32]!r}") from None
-
-
 def triage(logs: Sequence[LogText], exit_code: int | None = None, signal: str | None = None,
            rules: RuleSet | None = None) -> Triage:
     """The class, infra, next step and evidence for a job that ended with `exit_code`/`signal`."""
     rules = rules or shipped()
-    sig = signal_name(signal)
-    if sig is None and exit_code is not None and exit_code > 128 and exit_code - 128 < 65:
-        with contextlib.suppress(ValueError):
-            sig = signals.Signals(exit_code - 128).name  # a shell's 128+N: killed by signal N
+    sig = exit_signal(exit_code, signal)
     partial = tuple(log.name for log in logs[:MAX_LOGS] if not log.whole)
-    if exit_code == 0 and sig is None:
-        return Triage("unknown", "unlikely", "none", reason="the job exited 0: nothing to triage", partial=partial)
+    if succeeded(exit_code, sig):
+        return judge([], partial, exit_code, sig, rules, bool(logs))
     hits = [h for i, log in enumerate(logs[:MAX_LOGS]) for h in scan(log, i, rules)]
+    return judge(hits, partial, exit_code, sig, rules, bool(logs))
+
+
+def succeeded(exit_code: int | None, sig: str | None) -> bool:
+    return exit_code == 0 and sig is None
+
+
+def judge(hits: list[Hit], partial: tuple[str, ...], exit_code: int | None, sig: str | None, rules: RuleSet,
+          any_log: bool) -> Triage:
+    """The answer from the failure lines of every log (scan.py), however they were read."""
+    if succeeded(exit_code, sig):
+        return Triage("unknown", "unlikely", "none", reason="the job exited 0: nothing to triage", partial=partial)
     if sig == "SIGKILL":
         hits = _killed(hits)
     for tier in _TIERS:
         tiered = [h for h in hits if h.tier == tier]
         if tiered:
             return _answer(_first(tiered, tier), tiered, hits, partial, exit_code, sig)
-    return _no_evidence(rules, exit_code, sig, partial, bool(logs))
+    return _no_evidence(rules, exit_code, sig, partial, any_log)
 
 
 def _killed(hits: list[Hit]) -> list[Hit]:
@@ -83,7 +77,9 @@ def _first(hits: list[Hit], tier: str) -> Hit:
         for h in sorted(cluster, key=lambda h: (h.log, h.line)):
             firsts.setdefault(h.log, h)
         cluster = list(firsts.values())
-    return max(cluster, key=lambda h: (h.priority, -(h.ts or 0.0) if h.ts is not None else 0.0, -h.log, -h.line))
+    # Within the cluster time no longer orders (closer than SAME_TIME, or unknown): the class's priority
+    # does, then the order the logs were given in and the line's place in its log.
+    return min(cluster, key=lambda h: (-h.priority, h.log, h.line))
 
 
 def _clip(text: bytes) -> str:
@@ -99,7 +95,8 @@ def _evidence(root: Hit, same: list[Hit]) -> tuple[Evidence, ...]:
     seen = {(root.log, root.rank)}
     ordered = same
     first = [h for h in ordered if (h.log, h.rank) not in seen and not seen.add((h.log, h.rank))]  # type: ignore[func-returns-value]
-    rest = [h for h in ordered if h not in first]
+    chosen = {id(h) for h in first}
+    rest = [h for h in ordered if id(h) not in chosen]
     for h in first + rest:
         if len(out) >= MAX_EVIDENCE:
             break
@@ -115,6 +112,10 @@ def _answer(root: Hit, tiered: list[Hit], hits: list[Hit], partial: tuple[str, .
                   key=lambda h: (_TIERS.index(h.tier), h.ts is None, h.ts or 0.0, h.log, h.line))
     weight = max((h.rank_weight for h in (root, *same) if h.rank is not None), default=0)
     ranks = sorted({h.rank for h in (root, *same) if h.rank is not None and h.rank_weight == weight})[:MAX_RANKS]
+    if not ranks:  # a line without a rank: the launcher's failure table in the same log may name one
+        named = {h.rank for h in hits if h.log == root.log and h.rule == "child-failed" and h.rank is not None
+                 and h.rank_weight == 2}
+        ranks = sorted(named) if len(named) == 1 else []
     where = f"rank {root.rank}, " if root.rank is not None else ""
     reason = f"{root.description} ({where}{root.name}:{root.line})"
     later = [h for h in hits if h.klass != root.klass and h.tier != "context"]

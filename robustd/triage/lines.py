@@ -7,8 +7,8 @@ The body after the prefix is what rules match. A rank may also be named inside t
 `[PG 0 Rank 3]`, NCCL's "on rank 3", Megatron's "Rank 3:") or by the file (`rank3.log`).
 
 Timestamps are those the usual loggers print: ISO dates (Python logging, DeepSpeed, Slurm,
-torchrun's failure summary), glog/c10 (`E0501 12:34:56.789`, as ProcessGroupNCCL prints), and
-syslog (`May  1 12:34:56`). They are reduced to seconds within a year: years are missing from
+torchrun's failure summary), glog/c10 (`E0501 12:34:56.789`, as ProcessGroupNCCL prints), mmengine
+(`05/01 12:34:56`) and syslog (`May  1 12:34:56`). They are reduced to seconds within a year: years are missing from
 glog and syslog stamps, and only the order of a job's failures matters, never the date.
 """
 
@@ -32,6 +32,7 @@ _ANSI = re.compile(rb"\x1b\[[0-9;?]{0,32}[A-Za-z]")
 _ISO = re.compile(rb"(?<![0-9])[0-9]{4}-([0-9]{2})-([0-9]{2})[T _]([0-9]{2}):([0-9]{2}):([0-9]{2})"
                   rb"(?:[.,]([0-9]{1,9}))?")
 _GLOG = re.compile(rb"(?:\A|[\[\s])[IWEF]([0-9]{2})([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,9}))?")
+_MMDD = re.compile(rb"(?<![0-9/])([0-9]{2})/([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2})(?![0-9])")  # mmengine
 _SYSLOG = re.compile(rb"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) {1,2}([0-9]{1,2}) "
                      rb"([0-9]{2}):([0-9]{2}):([0-9]{2})")
 _MONTHS = {m: i for i, m in enumerate(b"Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split(), 1)}
@@ -95,6 +96,9 @@ def stamp(body: bytes) -> float | None:
     m = _GLOG.search(head)
     if m:
         return _seconds(int(m.group(1)), int(m.group(2)), *m.group(3, 4, 5, 6))
+    m = _MMDD.search(head)
+    if m:
+        return _seconds(int(m.group(1)), int(m.group(2)), *m.group(3, 4, 5), None)
     m = _SYSLOG.search(head)
     if m:
         return _seconds(_MONTHS[m.group(1)], int(m.group(2)), *m.group(3, 4, 5), None)

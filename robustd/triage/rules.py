@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -27,6 +27,7 @@ from robustd.config import ConfigError
 from robustd.triage.model import CLASSES, INFRA, NEXT
 from robustd.yamlpos import where as _where
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when there: the CLI loads this file at every start
 SHIPPED = str(Path(__file__).parent / "rules.yaml")
 TESTS = ("eud", "all_to_all", "all_gather", "minigpt")  # what a `level` may name, in this order of cost
 MAX_LINE = 4096  # bytes of a line matched; a longer line is matched on its head
@@ -143,14 +144,30 @@ class RuleSet:
         return None
 
 
-def _compile(spec: RuleSpec, i: int, classes: dict[str, ClassSpec], where: str, problems: list[str]) -> Rule | None:
+class _Lines:
+    """`file:line` of a key in the rule file; the YAML is composed into nodes only when a problem is reported."""
+
+    def __init__(self, text: str, path: str):
+        self.text, self.path = text, path
+        self._root: yaml.Node | None = None
+        self._composed = False
+
+    def __call__(self, *loc: Any) -> str:
+        if not self._composed:
+            self._root = yaml.compose(self.text, Loader=_Loader)
+            self._composed = True
+        return _where(self._root, loc, self.path)
+
+
+def _compile(spec: RuleSpec, i: int, classes: dict[str, ClassSpec], lines: _Lines, problems: list[str]) -> Rule | None:
     if spec.klass not in classes:
-        problems.append(f"{where}: class {spec.klass!r} has no entry under classes:")
+        problems.append(f"{lines('rules', i)}: rules.{i} ({spec.name}): class {spec.klass!r} has no entry "
+                        "under classes:")
         return None
     try:
         regex = re.compile(spec.pattern.encode("ascii"))
     except (re.error, UnicodeEncodeError) as e:
-        problems.append(f"{where}: bad pattern: {e}")
+        problems.append(f"{lines('rules', i)}: rules.{i} ({spec.name}): bad pattern: {e}")
         return None
     cls = classes[spec.klass]
     nxt = spec.next or cls.next
@@ -165,8 +182,7 @@ def load(path: str = SHIPPED) -> RuleSet:
     """The rule set in `path`, its examples and counter-examples checked; RuleError lists every problem."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)
     except OSError as e:
         raise RuleError([f"{path}: cannot read triage rules: {e.strerror}"]) from e
     except yaml.YAMLError as e:
@@ -175,28 +191,29 @@ def load(path: str = SHIPPED) -> RuleSet:
     try:
         spec = RuleFile.model_validate(data)
     except ValidationError as e:
+        lines = _Lines(text, path)
         problems = []
         for item in e.errors():
             key = ".".join(str(p) for p in item["loc"])
             msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
                 item["type"], item["msg"].removeprefix("Value error, "))
-            problems.append(f"{_where(root, tuple(item['loc']), path)}: {key}: {msg}")
+            problems.append(f"{lines(*item['loc'])}: {key}: {msg}")
         raise RuleError(problems) from e
+    lines = _Lines(text, path)
     problems: list[str] = []
     missing = [c for c in CLASSES if c not in spec.classes]
     if missing:
         problems.append(f"{path}:1: classes: missing {', '.join(missing)}")
     for name, c in spec.classes.items():
         if name not in CLASSES or c.infra not in INFRA or c.next not in NEXT:
-            problems.append(f"{_where(root, ('classes', name), path)}: classes.{name}: unknown class")
+            problems.append(f"{lines('classes', name)}: classes.{name}: unknown class")
     rules: list[Rule] = []
     names: set[str] = set()
     for i, r in enumerate(spec.rules):
-        where = f"{_where(root, ('rules', i), path)}: rules.{i} ({r.name})"
         if r.name in names:
-            problems.append(f"{where}: duplicate rule name")
+            problems.append(f"{lines('rules', i)}: rules.{i} ({r.name}): duplicate rule name")
         names.add(r.name)
-        compiled = _compile(r, i, spec.classes, where, problems)
+        compiled = _compile(r, i, spec.classes, lines, problems)
         if compiled:
             rules.append(compiled)
     ruleset = RuleSet(rules=tuple(rules), classes=dict(spec.classes),
@@ -204,13 +221,13 @@ def load(path: str = SHIPPED) -> RuleSet:
                       not_user_code=frozenset(spec.traceback.not_user_code),
                       handled_after=spec.traceback.handled_after)
     if not problems:
-        problems += _check_examples(ruleset, spec, root, path)
+        problems += _check_examples(ruleset, spec, lines)
     if problems:
         raise RuleError(problems)
     return ruleset
 
 
-def _check_examples(rs: RuleSet, spec: RuleFile, root: yaml.Node | None, path: str) -> list[str]:
+def _check_examples(rs: RuleSet, spec: RuleFile, lines: _Lines) -> list[str]:
     from robustd.triage.lines import split_prefix  # the judge's own view of a line: prefix stripped
 
     out = []
@@ -219,24 +236,24 @@ def _check_examples(rs: RuleSet, spec: RuleFile, root: yaml.Node | None, path: s
             body = split_prefix(ex.encode("utf-8", "replace"))[2]
             got = rs.claim(body)
             if not any(a in body for a in rule.anchors):
-                out.append(f"{_where(root, ('rules', i, 'examples', j), path)}: rule {r.name}: example holds "
+                out.append(f"{lines('rules', i, 'examples', j)}: rule {r.name}: example holds "
                            f"none of its anchors: {ex!r}")
             elif not any(g in body for g in rs.gates):
-                out.append(f"{_where(root, ('rules', i, 'examples', j), path)}: rule {r.name}: example holds "
+                out.append(f"{lines('rules', i, 'examples', j)}: rule {r.name}: example holds "
                            f"none of the gates, so a log would never show it to the rule: {ex!r}")
             elif got is not rule:
                 who = f"rule {got.name}" if got else "no rule"
-                out.append(f"{_where(root, ('rules', i, 'examples', j), path)}: rule {r.name}: example claimed by "
+                out.append(f"{lines('rules', i, 'examples', j)}: rule {r.name}: example claimed by "
                            f"{who}: {ex!r}")
         for j, ex in enumerate(r.counter_examples):
             body = split_prefix(ex.encode("utf-8", "replace"))[2]
             if rs.claim(body) is rule:
-                out.append(f"{_where(root, ('rules', i, 'counter_examples', j), path)}: rule {r.name}: "
+                out.append(f"{lines('rules', i, 'counter_examples', j)}: rule {r.name}: "
                            f"counter-example claimed by it: {ex!r}")
     for j, ex in enumerate(spec.benign):
         got = rs.claim(split_prefix(ex.encode("utf-8", "replace"))[2])
         if got is not None:
-            out.append(f"{_where(root, ('benign', j), path)}: benign line claimed by rule {got.name}: {ex!r}")
+            out.append(f"{lines('benign', j)}: benign line claimed by rule {got.name}: {ex!r}")
     return out
 
 

@@ -9,6 +9,7 @@ borrowed from the nearest earlier line of the same rank that has one (`LOOKBACK`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from robustd.triage.lines import clean, rank_in, rank_of_file, split_prefix_weighted, stamp
@@ -21,6 +22,8 @@ MAX_LINES_PER_GATE = 2000
 MAX_TRACEBACKS = 200
 MAX_TRACEBACK_LINES = 400  # a traceback longer than this (deep recursion) is judged on what was read
 LOOKBACK = 40
+BARE_EXCEPTION_PRIORITY = 15  # above a launcher's summary (10), below a hang (20) and NCCL (40)
+_EXCEPTION = re.compile(rb"((?:[A-Za-z_][A-Za-z0-9_]{0,60}\.){0,8}[A-Z][A-Za-z0-9_]{0,60}(?:Error|Exception))(?::|\Z)")
 
 
 @dataclass
@@ -137,17 +140,21 @@ class LogScan:
             prefix, prank, body, _ = self.parts(ls)
             rule = self.rules.claim(body)
             if rule is None:
+                bare = self._bare_exception(ls, body)
+                if bare is not None:
+                    out.append(bare)
                 continue
             claimed.add(ls)
             out.append(self._hit(rule, ls, prefix, body))
         head = self._headless()
         if head is not None:
             tracebacks.insert(0, head)
+        judged: set[int] = set()  # exception lines of tracebacks: judged with their traceback, not alone
         for ls in tracebacks:
-            hit = self._traceback(ls, claimed)
+            hit = self._traceback(ls, claimed, judged)
             if hit is not None:
                 out.append(hit)
-        return out
+        return [h for h in out if h.rule != "python-exception" or h.offset - self.log.offset not in judged]
 
     def _hit(self, rule: Rule, ls: int, prefix: bytes, body: bytes) -> Hit:
         rank, weight = self.rank(ls, body)
@@ -160,6 +167,27 @@ class LogScan:
         """The whole line as printed (prefix included, colours removed), for evidence."""
         return clean(self.data[ls:min(self.line_end(ls), ls + MAX_LINE)])
 
+    def _bare_exception(self, ls: int, body: bytes) -> Hit | None:
+        """`SomeError: message` on a line of its own, no rule claiming it: weak evidence of user code.
+
+        Its traceback may be cut off (an excerpt, a tail) or printed elsewhere; a symptom of low
+        priority, it decides only over a launcher's "child failed" summary, never over a hang or an
+        NCCL failure seen elsewhere.
+        """
+        m = _EXCEPTION.match(body)
+        if m is None:
+            return None
+        kind = m.group(1).rsplit(b".", 1)[-1].decode("ascii")
+        if kind in self.rules.not_user_code:
+            return None
+        rank, weight = self.rank(ls, body)
+        prefix = self.parts(ls)[0]
+        return Hit(klass="user_code", tier="symptom", priority=BARE_EXCEPTION_PRIORITY,
+                   infra=self.rules.classes["user_code"].infra, next=self.rules.classes["user_code"].next, level=None,
+                   description=f"{kind} raised (its traceback is not in the logs)", rule="python-exception",
+                   log=self.index, name=self.log.name, line=self.line_no(ls), offset=self.log.offset + ls,
+                   text=self.text(ls), rank=rank, rank_weight=weight, ts=self.stamp_at(ls, prefix, body))
+
     def _headless(self) -> int | None:
         """-1 when the log begins inside a traceback (its header cut off by the tail): frames first."""
         pos = self.start
@@ -168,11 +196,11 @@ class LogScan:
                 return None
             _, _, body, end = self.parts(pos)
             if body.strip():
-                return -1 if body.startswith(b" ") and body.lstrip().startswith(b'File "') else None
+                return -1 if body.lstrip().startswith(b'File "') else None
             pos = end + 1
         return None
 
-    def _traceback(self, ls: int, claimed: set[int]) -> Hit | None:
+    def _traceback(self, ls: int, claimed: set[int], judged: set[int]) -> Hit | None:
         """A traceback whose exceptions no rule claimed: user_code, unless it was handled or is a launcher's."""
         if ls == -1:  # the window starts in the traceback's frames
             prefix, prank, head, le = self.parts(self.start)[:2] + (b"", self.start - 1)
@@ -202,12 +230,14 @@ class LogScan:
                 continue
             if text.startswith(TRACEBACK) or text.startswith(CHAIN):
                 continue
+            if text.startswith(b'File "'):  # a frame, however an excerpt indented it
+                frame = (here, body)
+                continue
             if indent > base or text.startswith(b"^") or text.startswith(b"~"):
-                if text.startswith(b'File "'):
-                    frame = (here, body)
                 continue
             exceptions.append((here, body))
             after = 0
+        judged.update(at for at, _ in exceptions)
         if not exceptions or any(at in claimed for at, _ in exceptions):
             return None
         at, body = exceptions[-1]

@@ -72,6 +72,31 @@ def _level(name: str | None) -> str | None:
 
 Level = Annotated[str | None, AfterValidator(_level)]
 
+MAX_TRIAGE_PATTERNS = 32
+_PATTERN_CODES = {"j": "the job id", "u": "the job's user name", "%": "a %"}
+
+
+def _log_pattern(value: str) -> str:
+    """An absolute glob naming a job's logs, with %j (job id), %u (user) and %% (a %) filled in per job."""
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path (a glob such as /scratch/%u/logs/%j/*.log)")
+    if len(value) > 4096 or "\0" in value:
+        raise ValueError("must be a path of at most 4096 characters")
+    i = 0
+    while i < len(value):
+        if value[i] == "%":
+            code = value[i + 1:i + 2]
+            if code not in _PATTERN_CODES:
+                raise ValueError(f"{value!r}: unknown {('%' + code) if code else 'trailing %'} (known: "
+                                 + ", ".join(f"%{k} {v}" for k, v in _PATTERN_CODES.items()) + ")")
+            i += 2
+            continue
+        i += 1
+    return value
+
+
+LogPattern = Annotated[str, AfterValidator(_log_pattern)]
+
 
 class SlurmConfig(BaseModel):
     """How robustd-slurm and the robustctl hooks act on this node's verdict (README, "Slurm")."""
@@ -95,6 +120,11 @@ class SlurmConfig(BaseModel):
     resume_check: Level = "quick"  # the diagnostics level that must PASS before a rebooted node resumes; null: none
     epilog_diagnostics: Level = None  # the level the epilog runs after a failed job; null: none
     epilog_timeout: PositiveDuration = 600.0  # the epilog's diagnostics, all of it
+    # The epilog triages a failed job's logs first (README, "Triage") and runs epilog_diagnostics only when the
+    # cause may be the machine (infra likely or unknown, next step diagnose); false: diagnose every failed job.
+    triage: bool = True
+    # More logs to triage besides the job's StdOut/StdErr: absolute globs, %j job id, %u user, %% a %.
+    triage_logs: list[LogPattern] = Field(default_factory=list, max_length=MAX_TRIAGE_PATTERNS)
     reconcile_interval: PositiveDuration = 300.0  # Slurm's state re-read and compared this often (and at start)
     state_file: AbsPath | None = None  # default: <state_dir>/slurm.json
     command_timeout: PositiveDuration = 10.0  # each scontrol/sinfo call

@@ -9,23 +9,34 @@ job run (exit 0), because a hook that failed closed would drain or block a whole
   pass of the rules; always exits 0 and ends within `slurm.hook_timeout` (Slurm kills it at 60 s).
 - prolog (Prolog): drains the node itself with robustd's reason when the rules would, and exits 1
   so that slurmd refuses the job (Slurm requeues it, held, and keeps the node drained); 0 otherwise.
-- epilog (Epilog): after a failed job (SLURM_JOB_EXIT_CODE non-zero) runs `slurm.epilog_diagnostics`
-  through Diagnostics.Run within `slurm.epilog_timeout`; a FAIL drains the node with the report id
-  in the reason. Always exits 0 (a failing epilog would make Slurm drain the node for its own reason).
+- epilog (Epilog): after a failed job (SLURM_JOB_EXIT_CODE non-zero) first triages its logs
+  (`slurm.triage`: StdOut/StdErr and `slurm.triage_logs`, read as root only when the job's user owns
+  them), logs the verdict, captures the stacks of a hung job's leftover processes (Tracer), and runs
+  `slurm.epilog_diagnostics` through Diagnostics.Run within `slurm.epilog_timeout` only when the
+  machine may be to blame (infra likely or unknown, next step diagnose; never for user_code, oom_gpu,
+  oom_host); a FAIL drains the node with the report id and the triage class in the reason. Always
+  exits 0 (a failing epilog would make Slurm drain the node for its own reason).
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import itertools
 import json
 import logging
 import logging.handlers
 import os
+import re
 import signal
+import stat
 import sys
 import time
 from dataclasses import asdict
 from types import FrameType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+import grpc
 
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.actor import Actor, Result
@@ -35,7 +46,12 @@ from robustd.adapters.slurm.model import AgentState, NodeView
 from robustd.adapters.slurm.rules import Health, assess, fault_text, recent_resumes, respected
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
-from robustd.roots import DEFAULT_DEV
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.roots import DEFAULT_DEV, DEFAULT_PROC, Roots
+
+if TYPE_CHECKING:
+    from robustd.triage import LogText, Triage
 
 log = logging.getLogger("robustd.slurm")
 
@@ -178,10 +194,37 @@ def job_failed(env: Mapping[str, str]) -> bool | None:
     return None
 
 
+def job_status(env: Mapping[str, str]) -> tuple[int | None, str | None] | None:
+    """(exit code, signal name) of the job: SLURM_JOB_EXIT_CODE is a wait status, SLURM_JOB_EXIT_CODE2
+    `code:signal`. A job killed by a signal has no exit code (None); None when neither can be read."""
+    from robustd.triage.status import signal_name
+
+    def sig(n: int) -> str | None:
+        try:
+            return signal_name(str(n)) if n else None
+        except ValueError:
+            return None
+
+    raw = env.get("SLURM_JOB_EXIT_CODE", "").strip()
+    if raw.isascii() and raw.isdigit():
+        status = int(raw)
+        if status & 0x7F and status & 0x7F != 0x7F:  # WIFSIGNALED
+            return None, sig(status & 0x7F)
+        return (status >> 8) & 0xFF, None
+    code, _, number = env.get("SLURM_JOB_EXIT_CODE2", "").strip().partition(":")
+    try:
+        c, n = int(code), int(number or 0)
+    except ValueError:
+        return None
+    if not 0 <= c <= 255 or n < 0:
+        return None
+    return (c if c or not n else None), sig(n)
+
+
 def epilog(hook: Hook, env: Mapping[str, str]) -> int:
     level = hook.cfg.epilog_diagnostics
     job = env.get("SLURM_JOB_ID", "?")
-    if not level:
+    if not level and not hook.cfg.triage:
         return EXIT_OK
     failed = job_failed(env)
     if failed is None:
@@ -189,8 +232,20 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
         return EXIT_OK
     if not failed:
         return EXIT_OK
-    log.warning("job %s failed (exit %s): running the %r diagnostics", job,
-                env.get("SLURM_JOB_EXIT_CODE2") or env.get("SLURM_JOB_EXIT_CODE"), level)
+    verdict = epilog_triage(hook, env, job) if hook.cfg.triage else None
+    if verdict is not None and not worth_diagnosing(verdict):
+        log.warning("job %s: not diagnosing: triage says %s (infra %s, next %s)", job, verdict.klass, verdict.infra,
+                    verdict.next)
+        return EXIT_OK
+    if not level:
+        if verdict is not None:
+            log.info("job %s: triage suggests diagnostics (%s), but slurm.epilog_diagnostics is not set", job,
+                     verdict.level or "any")
+        return EXIT_OK
+    log.warning("job %s failed (exit %s): running the %r diagnostics%s", job,
+                env.get("SLURM_JOB_EXIT_CODE2") or env.get("SLURM_JOB_EXIT_CODE"), level,
+                f" (triage: {verdict.klass}, infra {verdict.infra}; it would test {verdict.level or 'anything'})"
+                if verdict is not None else "")
     try:
         report = client.run_diagnostic(hook.socket, level, hook.cfg.epilog_timeout)
     except client.Unreachable as e:
@@ -207,11 +262,320 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
         h = hook.health()
     except client.Unreachable:
         h = Health(faults=(), seq=0, boot_id="")
+    summary = client.report_summary(report) + (f"; triage {verdict.klass}" if verdict is not None else "")
     try:
-        hook.actor.diagnosis(h, report.id, client.report_summary(report), job)
+        hook.actor.diagnosis(h, report.id, summary, job)
     except (SlurmError, LockTimeout, OSError) as e:
         log.error("diagnostic %s FAILED, but node %s could not be drained: %s", report.id, hook.node, e)
     return EXIT_OK
+
+
+# --- the epilog's triage ---------------------------------------------------------------------------------
+
+NO_DIAGNOSIS = frozenset({"user_code", "oom_gpu", "oom_host"})  # never a reason to test, let alone drain, a node
+EPILOG_MAX_LOGS = 256  # logs one epilog reads (StdOut, StdErr and slurm.triage_logs matches together)
+EPILOG_READ_BYTES = 64 << 20  # all of them together: each log's tail shrinks when there are many
+EPILOG_MIN_TAIL = 64 << 10
+MAX_JOB_PIDS = 64  # a hung job's leftover processes whose stacks are captured
+MAX_PROC_READ = 1 << 20  # bytes of one process's environ or cgroup read when looking for the job's processes
+STACKS_KEEP = 50  # capture files kept in <state_dir>/stacks (the newest)
+_JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")
+
+
+def worth_diagnosing(t: Triage) -> bool:
+    """Whether the stop-time tests may find what failed the job: the machine may be to blame and the judge
+    says diagnose. A user's bug or an out-of-memory never costs the node a test or a drain."""
+    return t.klass not in NO_DIAGNOSIS and t.infra in ("likely", "unknown") and t.next == "diagnose"
+
+
+def epilog_triage(hook: Hook, env: Mapping[str, str], job: str) -> Triage | None:
+    """Triage the failed job (logged, whatever it says); a hang's leftover processes get their stacks captured.
+
+    None when triage itself failed (logged): the epilog then diagnoses as it did before triage existed.
+    """
+    try:
+        from robustd.triage import triage
+
+        status = job_status(env) or (None, None)
+        logs = job_logs(hook, env, job)
+        verdict = triage(logs, exit_code=status[0], signal=status[1])
+    except Exception as e:  # noqa: BLE001 - fail open: a bug in the judge must not change what the epilog does
+        log.error("job %s: triage failed (%s: %s); diagnosing as without triage", job, type(e).__name__, e)
+        return None
+    log.warning("%s", verdict_line(job, verdict, len(logs)))
+    if verdict.klass == "hang":
+        try:
+            capture_hang(hook, job)
+        except Exception as e:  # noqa: BLE001 - fail open
+            log.error("job %s: stack capture failed (%s: %s)", job, type(e).__name__, e)
+    return verdict
+
+
+def verdict_line(job: str, t: Triage, logs: int) -> str:
+    from robustd.cli.render import printable
+
+    step = t.next + (f" ({t.level})" if t.next == "diagnose" and t.level else "")
+    line = f"job {job} triage of {logs} log{'' if logs == 1 else 's'}: {t.klass}, infra {t.infra}, next {step}"
+    if t.ranks:
+        line += ", ranks " + ",".join(str(r) for r in t.ranks[:8]) + (" ..." if len(t.ranks) > 8 else "")
+    if t.reason:
+        line += f": {t.reason}"
+    if t.evidence:
+        e = t.evidence[0]
+        line += f"; evidence {e.file}:{e.line}: {e.text[:300]}"
+    return printable(line)
+
+
+def _job_user(env: Mapping[str, str], info: Mapping[str, str]) -> tuple[int | None, str | None]:
+    """The job's uid and user name: slurmd's environment, else scontrol's UserId=name(uid)."""
+    uid_text = env.get("SLURM_JOB_UID", "").strip()
+    name = env.get("SLURM_JOB_USER", "").strip() or None
+    m = re.fullmatch(r"([^()\s]*)\((\d+)\)", info.get("UserId", ""))
+    uid = int(uid_text) if uid_text.isascii() and uid_text.isdigit() else (int(m.group(2)) if m else None)
+    if name is None and m and m.group(1):
+        name = m.group(1)
+    return uid, name
+
+
+def _expand(text: str, job: str, user: str | None, quote: Any) -> str | None:
+    """%j, %u and %% of `text` filled in; None for another %-code (%x, %N, ...) or %u without a user."""
+    out = []
+    parts = iter(re.split(r"(%.?)", text))
+    for part in parts:
+        if not part.startswith("%"):
+            out.append(part)
+        elif part == "%%":
+            out.append("%")
+        elif part == "%j":
+            out.append(quote(job))
+        elif part == "%u" and user:
+            out.append(quote(user))
+        else:
+            return None
+    return "".join(out)
+
+
+def expand_pattern(pattern: str, job: str, user: str | None) -> str | None:
+    """A `slurm.triage_logs` glob for this job: %j, %u and %% filled in (the values glob-escaped)."""
+    return _expand(pattern, job, user, glob.escape)
+
+
+def expand_path(path: str, job: str, user: str | None) -> str | None:
+    """An output file name as submitted (`out-%j.txt`) for this job; None when it has codes only Slurm knows."""
+    return _expand(path, job, user, lambda v: v)
+
+
+def job_logs(hook: Hook, env: Mapping[str, str], job: str) -> list[LogText]:
+    """The failed job's logs, each read from its end: StdOut and StdErr ($SLURM_JOB_STDOUT/STDERR, else
+    `scontrol show job`), then every `slurm.triage_logs` match; at most EPILOG_MAX_LOGS, EPILOG_READ_BYTES in all.
+
+    The epilog runs as root on paths the job's user chose: a log is read only when it is a regular file
+    owned by that user (a link to /etc/shadow, a FIFO or a device is skipped, never opened for reading).
+    """
+    from robustd.triage import MAX_LOG_BYTES
+
+    info: dict[str, str] = {}
+    uid, user = _job_user(env, info)
+    given = [p for p in (env.get("SLURM_JOB_STDOUT", ""), env.get("SLURM_JOB_STDERR", "")) if p]
+    # slurmd 22.05 hands the Epilog SLURM_JOB_STDOUT as submitted (`out-%j.txt`): %j, %u and %% are filled in
+    # here; a name with other codes (%x, %N, %A, ...), or none at all, is asked of scontrol, which expands them.
+    named = [expand_path(p, job, user) for p in given]
+    if (not named or None in named) and _JOB_ID.fullmatch(job):
+        try:
+            info = hook.slurm.job(job)
+            named = [info.get("StdOut", ""), info.get("StdErr", "")]
+        except SlurmError as e:
+            log.warning("job %s: cannot ask Slurm for its output files: %s", job, e)
+        if uid is None or user is None:
+            uid, user = _job_user(env, info)
+    if uid is None:
+        log.warning("job %s: the job's user is unknown (no SLURM_JOB_UID); its logs are not read", job)
+        return []
+    paths: dict[str, None] = {p: None for p in named if p and p.startswith("/")}
+    for pattern in hook.cfg.triage_logs:
+        expanded = expand_pattern(pattern, job, user) if _JOB_ID.fullmatch(job) else None
+        if expanded is None:
+            log.warning("job %s: slurm.triage_logs %r: no job id or user to fill in; skipped", job, pattern)
+            continue
+        for path in sorted(itertools.islice(glob.iglob(expanded), 4 * EPILOG_MAX_LOGS)):
+            paths.setdefault(path, None)
+    if len(paths) > EPILOG_MAX_LOGS:
+        log.warning("job %s: %d logs found; the first %d are read", job, len(paths), EPILOG_MAX_LOGS)
+    chosen = list(paths)[:EPILOG_MAX_LOGS]
+    tail = max(EPILOG_MIN_TAIL, min(MAX_LOG_BYTES, EPILOG_READ_BYTES // max(1, len(chosen))))
+    logs, seen = [], set()
+    for path in chosen:
+        got = read_owned(path, tail, uid)
+        if isinstance(got, str):
+            log.info("job %s: %s not read: %s", job, path, got)
+            continue
+        text, ident = got
+        if ident not in seen:  # StdOut and StdErr are often one file
+            seen.add(ident)
+            logs.append(text)
+    return logs
+
+
+def read_owned(path: str, tail: int, uid: int) -> tuple[LogText, tuple[int, int]] | str:
+    """The last `tail` bytes of `path` if it is a regular file owned by `uid`; else why not (a short text).
+
+    Opened with O_PATH|O_NOFOLLOW first (no device is ever opened, no final symlink followed), checked on
+    that descriptor, then reopened for reading through it, so a name swapped meanwhile cannot redirect the read.
+    """
+    from robustd.triage import LogText
+    from robustd.triage.model import MAX_NAME
+
+    try:
+        pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        return e.strerror or str(e)
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_uid != uid:
+            return f"owned by uid {st.st_uid}, not the job's user (uid {uid})"
+        try:
+            fd = os.open(os.path.join(DEFAULT_PROC, "self", "fd", str(pfd)), os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            return e.strerror or str(e)
+    finally:
+        os.close(pfd)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - tail)
+        chunks, pos = [], start
+        while pos < size:
+            chunk = os.pread(fd, min(size - pos, 1 << 20), pos)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            pos += len(chunk)
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        os.close(fd)
+    return LogText(name=path[:MAX_NAME], data=b"".join(chunks), offset=start, whole=start == 0), (st.st_dev, st.st_ino)
+
+
+# --- a hang: the stacks of what is left of the job --------------------------------------------------------
+
+def _read_small(path: str, limit: int = MAX_PROC_READ) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
+def _ancestors(roots: Roots, pid: int) -> set[int]:
+    """`pid` and its parents: the epilog and the slurmd that runs it carry SLURM_JOB_ID too."""
+    out = {pid}
+    for _ in range(32):
+        stat_text = _read_small(roots.proc_path(str(pid), "stat"), 4096)
+        try:
+            pid = int(stat_text[stat_text.rindex(b")") + 2:].split()[1])
+        except (ValueError, IndexError):
+            break
+        if pid <= 1 or pid in out:
+            break
+        out.add(pid)
+    return out
+
+
+def job_pids(roots: Roots, job: str, own: int, limit: int = MAX_JOB_PIDS) -> list[int]:
+    """The job's processes still alive: in its cgroup (`.../job_<id>/...`, proctrack/cgroup) or with
+    SLURM_JOB_ID=<id> in their environment (any proctrack); never the epilog itself, its parents or slurmstepd."""
+    if not _JOB_ID.fullmatch(job):
+        return []
+    in_cgroup = re.compile(rb"/job_" + re.escape(job.encode()) + rb"(?:/|$)", re.M)
+    marker = b"SLURM_JOB_ID=" + job.encode()
+    skip = _ancestors(roots, own)
+    try:
+        entries = os.listdir(roots.proc)
+    except OSError:
+        return []
+    found = []
+    for pid in sorted(int(e) for e in entries if e.isdigit()):
+        if pid in skip:
+            continue
+        entry = str(pid)
+        if not in_cgroup.search(_read_small(roots.proc_path(entry, "cgroup"))) \
+                and marker not in _read_small(roots.proc_path(entry, "environ")).split(b"\0"):
+            continue
+        if not _read_small(roots.proc_path(entry, "cmdline"), 4096):
+            continue  # a zombie or a kernel thread: nothing to capture
+        if _read_small(roots.proc_path(entry, "comm"), 64).strip() == b"slurmstepd":
+            continue
+        found.append(pid)
+        if len(found) >= limit:
+            break
+    return sorted(found)
+
+
+def capture_hang(hook: Hook, job: str) -> None:
+    """Tracer.CaptureStacks of the hung job's leftover processes, saved under <state_dir>/stacks; the
+    path is logged. Only training processes are traced (the daemon's rule): the others are left out."""
+    pids = job_pids(hook.settings.roots(), job, os.getpid())
+    if not pids:
+        log.warning("job %s: triage says hang; no process of the job is left to capture", job)
+        return
+    tracer = hook.settings.config.tracer
+    waves = 1 + len(pids) // max(1, tracer.concurrency)
+    timeout = min(max(1.0, hook.remaining() - 5), tracer.timeout * waves + 10)
+    want = list(pids)
+    resp = None
+    for _ in range(2):
+        try:
+            channel = client.open_channel(hook.socket)
+        except client.Unreachable as e:
+            log.warning("job %s: triage says hang, but its stacks cannot be captured: %s", job, e)
+            return
+        try:
+            resp = pb_grpc.TracerStub(channel).CaptureStacks(
+                pb.CaptureRequest(selector=pb.ProcessSelector(pids=want)), timeout=timeout)
+            break
+        except grpc.RpcError as e:
+            details = e.details() or ""
+            # "pid 12, 13: not a training process ...": trace the rest of the job's processes
+            refused = {int(n) for n in re.findall(r"\d+", details.partition(":")[0])}
+            if e.code() == grpc.StatusCode.NOT_FOUND and refused and set(want) - refused:
+                want = [p for p in want if p not in refused]
+                continue
+            log.warning("job %s: triage says hang; stack capture of its %d processes (pids %s) failed: %s: %s",
+                        job, len(pids), ",".join(map(str, pids[:16])), e.code().name, details[:300])
+            return
+        finally:
+            channel.close()
+    if resp is None:
+        return
+    try:
+        path = save_stacks(hook.settings.config.state_dir, job, resp)
+    except OSError as e:
+        log.warning("job %s: stacks captured but not saved: %s", job, e)
+        return
+    failed = sum(1 for p in resp.processes if p.error)
+    log.warning("job %s: triage says hang: stacks of %d of its processes captured (%d not), saved to %s",
+                job, len(resp.processes) - failed, failed, path)
+
+
+def save_stacks(state_dir: str, job: str, resp: Any) -> str:
+    """The capture as JSON in <state_dir>/stacks/job-<id>-<time>.json (0600); the newest STACKS_KEEP are kept."""
+    from robustd.cli.render import to_json
+
+    folder = os.path.join(state_dir, "stacks")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"job-{job}-{time.strftime('%Y%m%dT%H%M%S')}.json")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(to_json(resp))
+    os.replace(tmp, path)
+    old = sorted(glob.glob(os.path.join(glob.escape(folder), "job-*.json")), key=os.path.getmtime, reverse=True)
+    for stale in old[STACKS_KEEP:]:
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
+    return path
 
 
 def status(hook: Hook, as_json: bool) -> int:

@@ -96,6 +96,10 @@ class Slurm:
             raise
         return parse_node(text, name)
 
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job --oneliner JOB`: its fields (StdOut, StdErr, UserId, ...) by name."""
+        return parse_job(self._call([self.scontrol, "show", "job", "--oneliner", job_id]))
+
     def partition_rows(self, partitions: Sequence[str]) -> list[tuple[str, str, str]]:
         """(node, partition, reason) for every node of these partitions: one sinfo call."""
         if not partitions:
@@ -144,6 +148,21 @@ def parse_node(text: str, name: str) -> NodeView:
         raise SlurmError(f"scontrol show node {name}: no State in its answer")
     base, flags = parse_state(state)
     return NodeView(name=name, state=base, flags=flags, reason=reason, partitions=partitions)
+
+
+_JOB_KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:]*)=")
+
+
+def parse_job(text: str) -> dict[str, str]:
+    """The fields of one `scontrol show job --oneliner` line. A value runs to the next ` Key=`, so a path
+    with spaces (StdOut=/data/my logs/out.txt) stays whole; the first job's line only."""
+    line = next((ln for ln in text.splitlines() if ln.strip()), "")
+    keys = list(_JOB_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for i, m in enumerate(keys):
+        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
+        fields.setdefault(m.group(1), line[m.end():end].strip())
+    return fields
 
 
 def parse_state(text: str) -> tuple[str, frozenset[str]]:

@@ -436,6 +436,59 @@ class ListGoldensResponse(_message.Message):
     goldens: _containers.RepeatedCompositeFieldContainer[Golden]
     def __init__(self, goldens: _Optional[_Iterable[_Union[Golden, _Mapping]]] = ...) -> None: ...
 
+class TriageLog(_message.Message):
+    __slots__ = ("name", "data", "offset")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data: bytes
+    offset: int
+    def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class TriageRequest(_message.Message):
+    __slots__ = ("exit_code", "signal", "logs")
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    exit_code: int
+    signal: str
+    logs: _containers.RepeatedCompositeFieldContainer[TriageLog]
+    def __init__(self, exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[TriageLog, _Mapping]]] = ...) -> None: ...
+
+class TriageEvidence(_message.Message):
+    __slots__ = ("file", "line", "text", "offset", "rank")
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    file: str
+    line: int
+    text: str
+    offset: int
+    rank: int
+    def __init__(self, file: _Optional[str] = ..., line: _Optional[int] = ..., text: _Optional[str] = ..., offset: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class TriageResponse(_message.Message):
+    __slots__ = ("infra", "next", "level", "evidence", "ranks", "reason", "partial")
+    CLASS_FIELD_NUMBER: _ClassVar[int]
+    INFRA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    infra: str
+    next: str
+    level: str
+    evidence: _containers.RepeatedCompositeFieldContainer[TriageEvidence]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    partial: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, infra: _Optional[str] = ..., next: _Optional[str] = ..., level: _Optional[str] = ..., evidence: _Optional[_Iterable[_Union[TriageEvidence, _Mapping]]] = ..., ranks: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., partial: _Optional[_Iterable[str]] = ..., **kwargs) -> None: ...
+
 class ProcessSelector(_message.Message):
     __slots__ = ("pids", "ranks")
     PIDS_FIELD_NUMBER: _ClassVar[int]

@@ -310,6 +310,11 @@ class DiagnosticsStub:
                 request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensRequest.SerializeToString,
                 response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensResponse.FromString,
                 _registered_method=True)
+        self.Triage = channel.unary_unary(
+                '/robustd.v1.Diagnostics/Triage',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageResponse.FromString,
+                _registered_method=True)
 
 
 class DiagnosticsServicer:
@@ -351,6 +356,13 @@ class DiagnosticsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Triage(self, request, context):
+        """read-only: logs in, failure class and next step out
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DiagnosticsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -383,6 +395,11 @@ def add_DiagnosticsServicer_to_server(servicer, server):
                     servicer.ListGoldens,
                     request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensRequest.FromString,
                     response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensResponse.SerializeToString,
+            ),
+            'Triage': grpc.unary_unary_rpc_method_handler(
+                    servicer.Triage,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -547,6 +564,33 @@ class Diagnostics:
             '/robustd.v1.Diagnostics/ListGoldens',
             robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensRequest.SerializeToString,
             robustd_dot_api_dot_v1_dot_robustd__pb2.ListGoldensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Triage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/Triage',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.TriageRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.TriageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,143 @@
+"""Diagnostics.Triage: a failed job's logs and exit status in, its failure class and next step out.
+
+The judge (robustd.triage) is pure and CPU-bound; it runs in a worker thread so the event loop keeps
+answering every other call, and at most `MAX_CONCURRENT` triages run at once (the rest wait their
+turn), so a burst of requests cannot take all of asyncio's default executor from the daemon.
+
+What a caller may send is bounded before anything is judged (INVALID_ARGUMENT otherwise, one short
+line): at most `MAX_LOGS` logs, each named by 1 to `MAX_NAME` printable characters used only once;
+an exit code of 0..255; a signal Linux knows. The whole request is bounded by gRPC itself
+(`listen.max_message_bytes`: RESOURCE_EXHAUSTED), and of each log only its last `MAX_LOG_BYTES`
+are judged, as `robustctl triage` reads only a file's tail.
+
+The exit-code and signal rules are the library's (robustd/triage/status.py), shared by every edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from robustd import bounds
+from robustd.api.requests import Invalid
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.triage import MAX_LOG_BYTES, MAX_LOGS, LogText, Triage, to_json, triage
+from robustd.triage.model import MAX_NAME
+from robustd.triage.status import exit_code, signal_name
+
+MAX_CONCURRENT = 2  # triages judged at once; more wait (each holds a worker thread and its logs)
+MAX_OFFSET = (1 << 63) - 1
+_INT32 = (1 << 31) - 1
+_UINT32 = (1 << 32) - 1
+
+_running: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+log = logging.getLogger("robustd.api.triage")
+
+
+# --- the request ---------------------------------------------------------------------------------------
+
+def log_name(name: str, where: str) -> str:
+    if not name:
+        raise Invalid(f"{where}.name is required")
+    if len(name) > MAX_NAME:
+        raise Invalid(f"{where}.name is {len(name)} characters; at most {MAX_NAME} are accepted")
+    if not name.isprintable():
+        raise Invalid(f"{where}.name must be printable (no control characters): {bounds.echo(name)}")
+    return name
+
+
+def logs_of(request: pb.TriageRequest, tail: int = MAX_LOG_BYTES) -> list[LogText]:
+    """The request's logs as the judge reads them: each cut to its last `tail` bytes. Raises Invalid."""
+    if len(request.logs) > MAX_LOGS:
+        raise Invalid(f"{len(request.logs)} logs; at most {MAX_LOGS} are judged in one request")
+    seen: dict[str, int] = {}
+    out = []
+    for i, log in enumerate(request.logs):
+        where = f"logs[{i}]"
+        name = log_name(log.name, where)
+        if name in seen:
+            raise Invalid(f"{where}.name {bounds.echo(name)} is also logs[{seen[name]}]'s: names must be unique")
+        seen[name] = i
+        if log.offset > MAX_OFFSET:
+            raise Invalid(f"{where}.offset must be below 2^63 (got {log.offset})")
+        data, offset = log.data, int(log.offset)
+        if len(data) > tail:
+            offset += len(data) - tail
+            data = data[-tail:]
+        out.append(LogText(name=name, data=data, offset=offset, whole=offset == 0))
+    return out
+
+
+def status_of(request: pb.TriageRequest) -> tuple[int | None, str | None]:
+    """(exit_code, signal) of the request, normalised. Raises Invalid."""
+    try:
+        code = exit_code(request.exit_code if request.HasField("exit_code") else None)
+    except ValueError as e:
+        raise Invalid(f"exit_code: {e}") from None
+    try:
+        sig = signal_name(request.signal)
+    except ValueError as e:
+        raise Invalid(f"signal: {e}") from None
+    return code, sig
+
+
+# --- the answer ----------------------------------------------------------------------------------------
+
+def response(t: Triage) -> pb.TriageResponse:
+    """The judge's answer as a TriageResponse: the `robustctl triage --json` object, field for field."""
+    doc = to_json(t)
+    evidence = []
+    for e in doc["evidence"]:
+        ev = pb.TriageEvidence(file=e["file"], line=max(0, min(int(e["line"]), _UINT32)), text=e["text"],
+                               offset=max(0, min(int(e["offset"]), MAX_OFFSET)))
+        if e.get("rank") is not None and -_INT32 - 1 <= e["rank"] <= _INT32:
+            ev.rank = e["rank"]
+        evidence.append(ev)
+    return pb.TriageResponse(**{"class": doc["class"]}, infra=doc["infra"], next=doc["next"],
+                             level=doc.get("level") or "", evidence=evidence,
+                             ranks=[r for r in doc.get("ranks", ()) if -_INT32 - 1 <= r <= _INT32],
+                             reason=doc.get("reason") or "", partial=doc.get("partial", ()))
+
+
+def response_json(resp: pb.TriageResponse) -> dict[str, Any]:
+    """A TriageResponse as the `robustctl triage --json` object (absent keys left out as the CLI does)."""
+    out: dict[str, Any] = {"class": getattr(resp, "class"), "infra": resp.infra, "next": resp.next}
+    if resp.level:
+        out["level"] = resp.level
+    out["evidence"] = [{"file": e.file, "line": e.line, "text": e.text, "offset": e.offset}
+                       | ({"rank": e.rank} if e.HasField("rank") else {}) for e in resp.evidence]
+    if resp.ranks:
+        out["ranks"] = list(resp.ranks)
+    out["reason"] = resp.reason
+    if resp.partial:
+        out["partial"] = list(resp.partial)
+    return out
+
+
+def judge(logs: Sequence[LogText], code: int | None, sig: str | None) -> pb.TriageResponse:
+    return response(triage(logs, exit_code=code, signal=sig))
+
+
+async def handle(request: pb.TriageRequest, context: grpc.aio.ServicerContext) -> pb.TriageResponse:
+    """The Triage RPC: bounds first (INVALID_ARGUMENT), then the judge in a worker thread."""
+    try:
+        logs = logs_of(request)
+        code, sig = status_of(request)
+    except Invalid as e:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    loop = asyncio.get_running_loop()
+    running = _running.get(loop)
+    if running is None:
+        running = _running[loop] = asyncio.Semaphore(MAX_CONCURRENT)
+    async with running:
+        try:
+            return await asyncio.to_thread(judge, logs, code, sig)
+        except Exception as e:  # noqa: BLE001 - a bug in the judge: one logged traceback, a short INTERNAL
+            log.exception("Triage of %d logs failed", len(logs))
+            await context.abort(grpc.StatusCode.INTERNAL, f"triage failed: {type(e).__name__}")
+    raise AssertionError("unreachable")  # context.abort raises
