@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, Hashable, NamedTuple, TypeVar
 
+from robustd.model import Finding, FindingKind
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -38,6 +40,21 @@ class Counter:
         while self.history and now - self.history[0][0] > window:
             self.history.popleft()
         return sum(d for _, d in self.history)
+
+
+def rising(counter: Counter, window: float, threshold: int, now: float, component: str, code: str, subject: str,
+           errors: str, evidence: dict[str, str]) -> Finding | None:
+    """A STATE finding when `counter` rose by `threshold` or more within `window` seconds, else None.
+
+    The message reads `<subject>: <n> <errors> in the last <window>s (threshold <threshold>)`; the evidence
+    gets `recent` (n) and `window` added to what the caller gives.
+    """
+    recent = counter.increase_within(window, now)
+    if recent < threshold:
+        return None
+    return Finding(component=component, code=code, kind=FindingKind.STATE,
+                   message=f"{subject}: {recent} {errors} in the last {window:g}s (threshold {threshold})",
+                   evidence={**evidence, "recent": str(recent), "window": f"{window:g}s"})
 
 
 class Reading(NamedTuple):

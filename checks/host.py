@@ -29,10 +29,9 @@ from typing import NamedTuple
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from checks.counters import Counters
+from checks.counters import Counters, rising
 from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
-from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
 from robustd.model import Action, Finding, FindingKind, Severity
 
@@ -178,13 +177,11 @@ class HostCheck(Check):
     name = "host"
     mode = "poll"
     Config = HostConfig
+    rules = RULES
 
     def __init__(self) -> None:
         self._ioerr: Counters[str] = Counters()  # by block device
         self._edac: Counters[tuple[str, str]] = Counters()  # by (mcN, "ce" | "ue")
-
-    def codes(self) -> Mapping[str, CodeRule]:
-        return load_codes(RULES)
 
     def poll(self, ctx: CheckContext) -> Sequence[Finding]:
         cfg = ctx.config if isinstance(ctx.config, HostConfig) else HostConfig()
@@ -324,12 +321,7 @@ class HostCheck(Check):
                                                f"(ue_count {old} -> {value})",
                                        evidence={"new": str(delta), "ue_count": str(value)}))
                 elif kind == "ce":
-                    recent = counter.increase_within(cfg.edac_ce_window, now)
-                    if recent >= cfg.edac_ce_count:
-                        out.append(Finding(
-                            component=component, code="EDAC_CE_RISING", kind=FindingKind.STATE,
-                            message=f"{mc}: {recent} corrected memory errors in the last {cfg.edac_ce_window:g}s "
-                                    f"(threshold {cfg.edac_ce_count})",
-                            evidence={"recent": str(recent), "ce_count": str(value),
-                                      "window": f"{cfg.edac_ce_window:g}s"}))
+                    f = rising(counter, cfg.edac_ce_window, cfg.edac_ce_count, now, component, "EDAC_CE_RISING", mc,
+                               "corrected memory errors", {"ce_count": str(value)})
+                    out += [f] if f is not None else []
         return out

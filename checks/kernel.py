@@ -25,7 +25,7 @@ from pydantic import Field, field_validator
 
 from checks.kernel_rules import SHIPPED_RULE_FILES, RuleError, RuleSet, load_rules
 from checks.kmsg import KmsgReader, KmsgRecord, Overrun
-from robustd.check import Check, CheckConfig, CheckContext
+from robustd.check import Check, CheckConfig, CheckContext, stop_reading
 from robustd.codes import CodeRule
 from robustd.durations import Duration
 from robustd.model import Finding, Report
@@ -163,9 +163,7 @@ class KernelCheck(Check):
 
     async def close(self) -> None:
         if self._reader is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._reader.fileno())
-            self._reader.close()
+            stop_reading(self._loop, self._reader)
             self._reader = None
         self._queue.put_nowait(_CLOSED)
 

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from checks.counters import Counters
+from checks.counters import Counters, rising
 from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
-from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration
 from robustd.model import Finding, FindingKind
 from robustd.paths import AbsPath
@@ -157,14 +156,12 @@ class PcieCheck(Check):
     name = "pcie"
     mode = "poll"
     Config = PcieConfig
+    rules = RULES
 
     def __init__(self) -> None:
         self._devices: dict[str, _Device] | None = None  # None until the first poll took baselines
         self._missing: dict[str, _Device] = {}
         self._ignored: set[str] = set()  # bdfs of classes we do not watch
-
-    def codes(self) -> Mapping[str, CodeRule]:
-        return load_codes(RULES)
 
     @staticmethod
     def _config(ctx: CheckContext) -> PcieConfig:
@@ -253,14 +250,10 @@ class PcieCheck(Check):
                 continue
             counter, old, delta = reading
             if kind == "correctable":
-                recent = counter.increase_within(cfg.aer_correctable_window, now)
-                if recent >= cfg.aer_correctable_count:
-                    out.append(Finding(
-                        component=component, code="PCIE_AER_CORRECTABLE_RISING", kind=FindingKind.STATE,
-                        message=f"{dev.what} at {dev.bdf}: {recent} corrected PCIe errors in the last "
-                                f"{cfg.aer_correctable_window:g}s (threshold {cfg.aer_correctable_count})",
-                        evidence={**dev.evidence(), "recent": str(recent), "total": str(aer.total),
-                                  "window": f"{cfg.aer_correctable_window:g}s", **_named(aer)}))
+                f = rising(counter, cfg.aer_correctable_window, cfg.aer_correctable_count, now, component,
+                           "PCIE_AER_CORRECTABLE_RISING", f"{dev.what} at {dev.bdf}", "corrected PCIe errors",
+                           {**dev.evidence(), "total": str(aer.total), **_named(aer)})
+                out += [f] if f is not None else []
             elif delta:
                 code = "PCIE_AER_FATAL" if kind == "fatal" else "PCIE_AER_NONFATAL"
                 out.append(Finding(

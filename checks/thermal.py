@@ -20,7 +20,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +28,6 @@ from pydantic import Field
 
 from checks.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
-from robustd.codes import CodeRule, load_codes
 from robustd.model import Action, Finding, FindingKind, Severity
 
 RULES = str(Path(__file__).with_name("rules") / "thermal.yaml")
@@ -134,9 +133,7 @@ class ThermalCheck(Check):
     name = "thermal"
     mode = "poll"
     Config = ThermalConfig
-
-    def codes(self) -> Mapping[str, CodeRule]:
-        return load_codes(RULES)
+    rules = RULES
 
     def supported(self, ctx: CheckContext) -> str | None:
         path = ctx.roots.sys_path("class", "hwmon")

@@ -8,17 +8,19 @@ a watcher (`start` positions its source, `reports` yields as the kernel pushes),
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Sequence
+from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from robustd.codes import CodeRule
+from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration, PositiveDuration
 from robustd.model import Finding, Report
 from robustd.roots import Roots
+from robustd.traffic import TrafficSnapshot, read_traffic
 
 
 class CheckConfig(BaseModel):
@@ -47,6 +49,13 @@ class CheckContext:
     cursor: Mapping[str, str] = field(default_factory=dict)  # last committed cursor (watchers)
     clock: Callable[[], float] = time.time
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("robustd.checks"))
+    # The NIC check's last traffic snapshot (the daemon wires it; None when that check does not run).
+    traffic_source: Callable[[], TrafficSnapshot | None] | None = None
+
+    def traffic(self) -> TrafficSnapshot:
+        """Network byte counters (robustd/traffic.py): the NIC check's, or read from sysfs now without one."""
+        snap = self.traffic_source() if self.traffic_source is not None else None
+        return snap if snap is not None else read_traffic(self.roots.sys)
 
 
 class Check:
@@ -55,14 +64,15 @@ class Check:
     name: ClassVar[str] = ""
     mode: ClassVar[Literal["poll", "watch", "both"]] = "poll"
     Config: ClassVar[type[CheckConfig]] = CheckConfig
+    rules: ClassVar[str | None] = None  # the check's rule file (checks/rules/<name>.yaml): its `codes:` table
 
     def emulated(self) -> str | None:
         """A label when this check reads emulated hardware (shown in every verdict), else None."""
         return None
 
     def codes(self) -> Mapping[str, CodeRule]:
-        """The meaning of the codes this check reports (usually `load_codes` of its rules/*.yaml)."""
-        return {}
+        """The meaning of the codes this check reports: the `codes:` table of its rule file, if it has one."""
+        return load_codes(self.rules) if self.rules else {}
 
     def timeout_findings(self, ctx: CheckContext, stuck_for: float) -> Sequence[Finding] | None:
         """Findings for a poll stuck past its deadline; None means the generic CHECK_TIMEOUT.
@@ -75,6 +85,10 @@ class Check:
     def supported(self, ctx: CheckContext) -> str | None:
         """None if the check can run here, else the reason it cannot (shown in ListChecks)."""
         return None
+
+    def note(self) -> str:
+        """What the check says about itself in ListChecks besides errors (e.g. a feature this host lacks)."""
+        return ""
 
     # poll mode
     def poll(self, ctx: CheckContext) -> Sequence[Finding]:
@@ -89,3 +103,16 @@ class Check:
 
     async def close(self) -> None:
         """Release what start opened."""
+
+
+class _Source(Protocol):
+    def fileno(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def stop_reading(loop: asyncio.AbstractEventLoop | None, source: _Source) -> None:
+    """End a watch: take `source` off the loop's readers (unless the loop is already closed), then close it."""
+    if loop is not None and not loop.is_closed():
+        loop.remove_reader(source.fileno())
+    source.close()

@@ -2,6 +2,10 @@
 
 The daemon answers only once every enabled check has started (the kmsg reader is positioned)
 and the signal handlers are installed; READY=1 goes out at that moment.
+
+This module is the lifecycle (start, tick, stop, signals, reload); the parts it assembles live beside it:
+checkset.py (which checks run, their code table, what they publish), server.py (the gRPC and /metrics
+listeners), startup.py (the state lock, ports, the socket path), reload.py (what SIGHUP applies).
 """
 
 from __future__ import annotations
@@ -9,94 +13,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
-import fcntl
-import grp
 import logging
 import os
 import signal
-import socket
-import stat
 import sys
 import threading
 import time
-from importlib.metadata import entry_points
 from typing import Any, Mapping
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 
-from robustd import __version__
+from robustd import __version__, checkset, reload, server
 from robustd.api.diagnostics import DiagnosticsServicer
 from robustd.api.diagnostics_convert import migrate_reports
-from robustd.api.requests import RequestInterceptor
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
-from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.authz import Authorizer, AuthzInterceptor
+from robustd.authz import Authorizer
 from robustd.check import Check, CheckConfig, CheckContext
-from robustd.codes import CodeRule, CodeTable
+from robustd.checkset import BUILTIN_CODES, discover_checks  # noqa: F401 - importable from here, as before
 from robustd.config import ConfigError, Settings, load_config
 from robustd.cpuinfo import cpu_model
-from robustd.diagnostics.manager import DiagnosticsManager, GpuView
-from robustd.diagnostics.manager import codes as diag_codes
+from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.engine import Engine
-from robustd.inventory import NO_GPUS, GpuInventory, GpuInventoryProvider
+from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
-from robustd.relay import UnixFront
-from robustd.roots import DEFAULT_CONFIG, PROC_LOCKS, read_boot_id
+from robustd.reload import ADAPTER_KEYS, RESTART_KEYS, changed_keys  # noqa: F401 - importable from here
+from robustd.roots import DEFAULT_CONFIG, read_boot_id
 from robustd.runner import Runner
 from robustd.sdnotify import Notifier, setup_logging
+from robustd.startup import StartError, check_port, lock_state_dir, prepare_socket_path  # noqa: F401
 from robustd.store import Store
-from robustd.tls import server_credentials
 from robustd.writer import ThreadWriter
 
 log = logging.getLogger("robustd")
 
-# Codes the daemon itself raises about its checks. Rule files and policy.codes may override.
-BUILTIN_CODES: dict[str, CodeRule] = {
-    "CHECK_TIMEOUT": CodeRule(severity="WARNING", action="NONE", clear_after="10s",
-                              description="a check's poll overran its deadline; the check is blind until it returns"),
-    "CHECK_ERROR": CodeRule(severity="WARNING", action="NONE", clear_after="10s",
-                            description="a check raised or its watcher failed"),
-    "STATE_UNWRITABLE": CodeRule(severity="WARNING", action="NONE", clear_after="10s",
-                                 description="robustd cannot write its event log (state disk full, read-only or not "
-                                             "responding): verdicts are current, changes wait in memory"),
-}
 NODE_SERVICE = "robustd.node"  # grpc.health.v1 name: SERVING unless the node is CRITICAL
 TICK = 0.25
 PRUNE_EVERY = 60.0
 SHUTDOWN_BUDGET = 1.5  # seconds for an orderly stop, all steps together
 SHUTDOWN_BACKSTOP = 8.0  # if the stop itself hangs (a call that ignores every limit), exit anyway
-# Keys read once at start; a reload reports their changes instead of applying them.
-RESTART_KEYS = ("node_name", "state_dir", "boot_id_path", "listen", "metrics")
-ADAPTER_KEYS = ("slurm",)  # read by the adapters from the same file; the daemon itself uses nothing in them
-
-
-class StartError(Exception):
-    """Why the daemon cannot start, as the one line the log shows (never a traceback)."""
-
-
-def discover_checks() -> dict[str, type[Check]]:
-    """Built-in checks in their fixed order, then third-party ones from the `robustd.checks` group."""
-    from checks import BUILTIN
-
-    found: dict[str, type[Check]] = {c.name: c for c in BUILTIN}
-    for ep in entry_points(group="robustd.checks"):
-        try:
-            cls = ep.load()
-        except Exception as e:  # noqa: BLE001 - a broken plugin must not stop the daemon
-            log.error("cannot load check plugin %s (%s): %s", ep.name, ep.value, e)
-            continue
-        name = getattr(cls, "name", "") or ep.name
-        if name in found:
-            log.error("check plugin %s (%s) ignored: a check named %r already exists", ep.name, ep.value, name)
-            continue
-        found[name] = cls
-    return found
+_prepare_socket_path = prepare_socket_path  # the name it had here
 
 
 class Daemon:
@@ -158,7 +117,7 @@ class Daemon:
         migrate_reports(self.store)  # diagnostic reports of earlier versions, before anything else writes
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
-        table = self._code_table(self.settings)
+        table = checkset.code_table(self.runner.states, self.settings)
         self.policy = Policy(table, self.boot_id, prior_boots=self.store.boots_with)
         self.policy.configure(table, cfg.policy)
         self.policy.load(self.store.conditions(), time.time())
@@ -174,7 +133,7 @@ class Daemon:
             self.store.set_meta("boot_id", self.boot_id)
         self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
         self.diag = DiagnosticsManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name,
-                                       cfg.state_dir, self._gpu_view, cpu_model(self.settings.roots()))
+                                       cfg.state_dir, self._gpu_inventory, cpu_model(self.settings.roots()))
         self.diag.recover()
         self._start_metrics()  # before the socket: a port in use fails the start before any client connects
         self.health = health.aio.HealthServicer()
@@ -242,97 +201,37 @@ class Daemon:
     def _context(self, check: Check, cfg: CheckConfig) -> CheckContext:
         return CheckContext(name=check.name, node_name=self.settings.config.node_name, roots=self.settings.roots(),
                             config=cfg, state_dir=self.settings.config.state_dir,
-                            cursor=self.store.cursor(check.name), log=logging.getLogger(f"robustd.checks.{check.name}"))
-
-    def _code_table(self, settings: Settings) -> CodeTable:
-        layers: list[Mapping[str, CodeRule]] = [BUILTIN_CODES]
-        for st in self.runner.states:
-            if st.status not in ("DISABLED", "UNSUPPORTED"):
-                try:
-                    layers.append(st.check.codes())
-                except Exception as e:  # noqa: BLE001 - e.g. rules failed to load; the check already reported it
-                    log.warning("check %s has no code table: %s", st.name, e)
-        layers.append(diag_codes())
-        layers.append(settings.config.policy.codes)
-        return CodeTable(layers)
+                            cursor=self.store.cursor(check.name), log=logging.getLogger(f"robustd.checks.{check.name}"),
+                            traffic_source=lambda: checkset.traffic(self.runner.states))
 
     def _gpu_inventory(self) -> GpuInventory:
         """What the running GPU check published (no GPUs without one)."""
-        for st in self.runner.states:
-            if isinstance(st.check, GpuInventoryProvider) and st.status not in ("DISABLED", "UNSUPPORTED"):
-                return st.check.gpu_inventory()
-        return NO_GPUS
-
-    def _gpu_view(self) -> GpuView:
-        """The inventory as the diagnostics take it."""
-        inv = self._gpu_inventory()
-        gpus = [{"index": g.index, "bus_id": g.bus_id, "uuid": g.uuid, "name": g.name} for g in inv.devices]
-        return GpuView(gpus=gpus, driver=inv.driver, busy_pids=inv.compute_pids, emulated=inv.emulated)
+        return checkset.gpu_inventory(self.runner.states)
 
     async def _serve(self) -> grpc.aio.Server:
         cfg = self.settings.config
         listen = cfg.listen
-        path = listen.unix
-        _prepare_socket_path(path)
-        self.front = UnixFront(path, listen.unix_mode, listen.unix_group, max_connections=listen.max_connections,
-                               max_connections_per_uid=listen.max_connections_per_uid,
-                               handshake_timeout=listen.handshake_timeout)
-        self.authz = authz = Authorizer(lambda: self.settings.config.authz, self.front)
-        server = grpc.aio.server(
-            interceptors=[AuthzInterceptor(authz), RequestInterceptor()],
-            options=[("grpc.max_receive_message_length", listen.max_message_bytes),
-                     ("grpc.max_send_message_length", listen.max_message_bytes),
-                     ("grpc.max_concurrent_streams", listen.max_concurrent_streams)])
-        servicer = NodeHealthServicer(self.engine.view, self.engine.acknowledge, cfg.node_name, self.boot_id,
-                                      lambda: self.runner.states, listen.max_message_bytes)
-        pb_grpc.add_NodeHealthServicer_to_server(servicer, server)
-        pb_grpc.add_DiagnosticsServicer_to_server(DiagnosticsServicer(self.diag), server)
-        pb_grpc.add_TracerServicer_to_server(
+        prepare_socket_path(listen.unix)
+        self.front = server.unix_front(listen)
+        self.authz = Authorizer(lambda: self.settings.config.authz, self.front)
+        grpc_server = server.grpc_server(listen, self.authz)
+        server.add_services(
+            grpc_server,
+            NodeHealthServicer(self.engine.view, self.engine.acknowledge, cfg.node_name, self.boot_id,
+                               lambda: self.runner.states, listen.max_message_bytes),
+            DiagnosticsServicer(self.diag),
             TracerServicer(cfg.node_name, lambda: self.settings.config.tracer, lambda: self.settings.roots(),
-                           lambda: self._gpu_inventory().compute_pids), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name,
-                 pb.DESCRIPTOR.services_by_name["Diagnostics"].full_name,
-                 pb.DESCRIPTOR.services_by_name["Tracer"].full_name,
-                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
-        server.add_insecure_port(self.front.inner_address)
-        if listen.tcp:
-            if listen.tls is not None:
-                check_port("listen.tcp", listen.tcp)
-                if server.add_secure_port(listen.tcp, server_credentials(listen.tls)) == 0:
-                    raise StartError(f"listen.tcp: cannot listen on {listen.tcp}")
-                log.info("gRPC over TLS on %s%s", listen.tcp,
-                         " (mutual TLS: client certificates required)" if listen.tls.client_ca else "")
-            else:
-                log.warning("listen.insecure: gRPC on %s is PLAINTEXT and unauthenticated: anyone who can reach "
-                            "it reads this node's state; configure listen.tls", listen.tcp)
-                check_port("listen.tcp", listen.tcp)
-                if server.add_insecure_port(listen.tcp) == 0:
-                    raise StartError(f"listen.tcp: cannot listen on {listen.tcp}")
-        await server.start()
-        await self.front.start()
-        st = os.lstat(path)
+                           lambda: self._gpu_inventory().compute_pids),
+            self.health)
+        await server.start_listening(grpc_server, self.front, listen)
+        st = os.lstat(listen.unix)
         self.socket_id = (st.st_dev, st.st_ino)
-        for name in cfg.authz.disruptive.unix_groups:
-            try:
-                grp.getgrnam(name)
-            except KeyError:
-                log.warning("authz.disruptive.unix_groups: no group named %r on this host", name)
-        return server
+        server.warn_unknown_groups(cfg.authz.disruptive.unix_groups)
+        return grpc_server
 
     def _start_metrics(self) -> None:
-        address = self.settings.config.metrics.address
-        if not address:
-            return
-        from robustd.metrics import StateCollector, serve
-
-        try:
-            self.metrics_server = serve(address, StateCollector(self.engine.view, self.settings.config.node_name,
-                                                                lambda: self.runner.states))
-        except OSError as e:
-            raise StartError(f"metrics: cannot listen on {address}: {e.strerror or e}") from None
-        log.info("metrics on http://%s/metrics", address)
+        self.metrics_server = server.start_metrics(self.settings.config.metrics.address, self.engine.view,
+                                                   self.settings.config.node_name, lambda: self.runner.states)
 
     # -- running -------------------------------------------------------------------------------
     async def _tick_loop(self) -> None:
@@ -402,43 +301,19 @@ class Daemon:
             log.error("reload rejected; the running config stays:\n%s", e)
             self.notifier.status(f"reload rejected: {e.problems[0]}")
             return
-        old = self.settings.config
-        for key in changed_keys(old, new.config, RESTART_KEYS):
-            log.warning("%s changed: that takes effect at the next restart", key)
-        applied = [k for k in type(old).model_fields
-                   if k not in (*RESTART_KEYS, *ADAPTER_KEYS) and getattr(old, k) != getattr(new.config, k)]
-        if dict(self.settings.checks) != dict(new.checks):
-            applied.append("checks")
+        merged, applied = reload.merge(self.settings, new)
         self.notifier.send("RELOADING=1")
         await self.runner.stop()
-        self.settings = Settings(config=new.config.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS}),
-                                 checks=new.checks, source=new.source)
+        self.settings = merged
         self.authz.refresh()  # logs which certificate names changed meaning, now rather than at the next call
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
-        self.engine.reload(self._code_table(self.settings), new.config.policy)
+        self.engine.reload(checkset.code_table(self.runner.states, self.settings), new.config.policy)
         logging.getLogger().setLevel(new.config.log_level.upper())
         self.runner.run()
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
         log.info("config reloaded from %s: %s", self.config_path,
                  f"applied {', '.join(sorted(applied))}" if applied else "no changes to apply")
-
-
-def changed_keys(old: Any, new: Any, keys: tuple[str, ...]) -> list[str]:
-    """Dotted names of the leaves that differ under `keys` (e.g. `listen.max_connections`)."""
-    out: list[str] = []
-
-    def walk(prefix: str, a: Any, b: Any) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b), key=str):
-                walk(f"{prefix}.{k}", a.get(k), b.get(k))
-        elif a != b:
-            out.append(prefix)
-
-    before, after = old.model_dump(), new.model_dump()
-    for key in keys:
-        walk(key, before.get(key), after.get(key))
-    return out
 
 
 async def _bounded(what: str, step: Any, deadline: float, limit: float) -> None:
@@ -472,88 +347,6 @@ def _exit(code: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
-
-
-def lock_state_dir(path: str) -> int | None:
-    """flock(2) the state directory for this daemon's lifetime, so a second robustd on the same state fails
-    at once naming the first, rather than waiting on SQLite's locks and then sharing its event log.
-
-    None when the directory cannot be opened at all: the store then starts degraded and says why.
-    """
-    with contextlib.suppress(OSError):
-        os.makedirs(path, mode=0o750, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = _flock_holder(fd)
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StartError(f"state_dir {path} is in use by another robustd"
-                             + (f" (pid {holder})" if holder else "")) from None
-        return None  # a file system without flock: nothing to guard with
-    return fd
-
-
-def _flock_holder(fd: int) -> int | None:
-    """The pid holding a flock on fd's file, from /proc/locks (`1: FLOCK ADVISORY WRITE <pid> <maj:min:ino> ...`)."""
-    st = os.fstat(fd)
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open(PROC_LOCKS, encoding="ascii", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == ident and parts[4].isdigit():
-                    return int(parts[4])
-    except OSError:
-        pass
-    return None
-
-
-def check_port(key: str, address: str) -> None:
-    """Bind `host:port` once to say plainly why it cannot be listened on (gRPC only says it failed)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    try:
-        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (OSError, ValueError) as e:
-        raise StartError(f"{key}: cannot listen on {address}: {getattr(e, 'strerror', None) or e}") from None
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
-        try:
-            probe.bind(addr)
-        except OSError as e:
-            raise StartError(f"{key}: cannot listen on {address}: {e.strerror or e}") from None
-
-
-def _prepare_socket_path(path: str) -> None:
-    """Create the socket's directory; refuse to take over a live socket or a file that is not a socket.
-
-    Nothing is removed here: UnixFront renames its new socket onto `path`, which atomically replaces a stale
-    socket, or a symlink someone planted, without following it. Unlinking first would open a window in which
-    another user could put a symlink at `path` (UnixFront refuses directories where others could).
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        return  # replaced by the rename, never followed (not even by a probe)
-    if not stat.S_ISSOCK(st.st_mode):
-        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        return  # nobody listens: a leftover from a crash, replaced by the rename
-    finally:
-        probe.close()
-    raise RuntimeError(f"another process is already listening on {path}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from checks.diagnostics.eud import DcgmiOutputError, canonical_test, parse_dcgmi_json, requests_eud
+from checks.diagnostics.dcgmi import DcgmiOutputError, canonical_test, parse_dcgmi_json
+from checks.diagnostics.eud import requests_eud
 from checks.diagnostics.protocol import Result, emit_progress, emit_result, load_spec, rank_component
 
 REPO = Path(__file__).resolve().parent.parent

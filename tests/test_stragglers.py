@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from robustd.cli import stragglers as cli
-from robustd.stragglers import TraceError, analyze_files, heatmap, synth
+from robustd.stragglers import OpTraceError, analyze_files, heatmap, synth
 
 DATA = Path(__file__).resolve().parent / "fixtures" / "stragglers"
 
@@ -285,7 +285,7 @@ BAD_TRACES = {
 def test_malformed_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
     mutate, message = BAD_TRACES[case]
     trace = write_trace(tmp_path / "bad.parquet", mutate(st_table()))
-    with pytest.raises(TraceError) as e:
+    with pytest.raises(OpTraceError) as e:
         robustctl("analyze", "--metadata", str(DATA / "meta-ST.yaml"), "--trace", str(trace), "--json")
     assert message in str(e.value)
     assert "\n" not in str(e.value)
@@ -333,12 +333,12 @@ def test_bad_step_selection(steps: str, message: str) -> None:
 def test_unreadable_files(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.parquet"
     garbage.write_bytes(b"PAR1 this is not a parquet file at all" * 10)
-    with pytest.raises(TraceError, match=r"unreadable parquet") as e:
+    with pytest.raises(OpTraceError, match=r"unreadable parquet") as e:
         robustctl("analyze", "--metadata", str(DATA / "meta-ST.yaml"), "--trace", str(garbage))
     assert "\n" not in str(e.value)
     bad_yaml = tmp_path / "meta.yaml"
     bad_yaml.write_text("dp_size: [2\n")
-    with pytest.raises(TraceError, match=r"not valid YAML"):
+    with pytest.raises(OpTraceError, match=r"not valid YAML"):
         robustctl("analyze", "--metadata", str(bad_yaml), "--trace", str(DATA / "trace-ST.parquet"))
     with pytest.raises(OSError):
         robustctl("analyze", "--metadata", str(DATA / "meta-ST.yaml"), "--trace", str(tmp_path / "absent.parquet"))
@@ -352,7 +352,7 @@ def test_mismatched_pipeline_ops(tmp_path: Path) -> None:
     keep = [not (ot == "forward-recv" and st == 2 and seq == 3) for ot, st, seq in
             zip(d["optype"], d["stage"], d["seq_id"], strict=True)]
     trace = write_trace(tmp_path / "bad.parquet", t.filter(pa.array(keep)))
-    with pytest.raises(TraceError, match=r"pipeline ops do not pair up: PP 1 has 4 forward-send ops per step, "
+    with pytest.raises(OpTraceError, match=r"pipeline ops do not pair up: PP 1 has 4 forward-send ops per step, "
                                          r"PP 2 has 3 forward-recv"):
         robustctl("analyze", "--metadata", str(DATA / "meta-ST.yaml"), "--trace", str(trace))
 
@@ -382,7 +382,7 @@ def test_trace_of_zero_durations(tmp_path: Path) -> None:
     t = t.set_column(t.column_names.index("duration"), "duration", zeros)
     t = t.set_column(t.column_names.index("start_ts"), "start_ts", zeros)
     trace = write_trace(tmp_path / "zero.parquet", t)
-    with pytest.raises(TraceError, match="every operation in the selected steps takes no time"):
+    with pytest.raises(OpTraceError, match="every operation in the selected steps takes no time"):
         robustctl("analyze", "--metadata", str(DATA / "meta-ST.yaml"), "--trace", str(trace))
 
 

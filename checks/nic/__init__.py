@@ -5,7 +5,8 @@ so a carrier or operstate change becomes NIC_DOWN (or its RESOLVED) within milli
 Poll (each interval, in the runner's worker thread): an RTM_GETLINK dump gives carrier,
 `carrier_changes` and the 64-bit rx/tx error and drop counters of every link (in the watched
 network namespace too, whose sysfs this process cannot see); sysfs gives link speed and the
-InfiniBand ports (`checks/nic/ib.py`).
+InfiniBand ports (`checks/nic/ib.py`). Each poll also publishes the raw byte counters of every link and
+IB port as a `TrafficSnapshot` (robustd/traffic.py), which the GPU check's stall detection reads.
 
 Both paths feed one `LinkTracker` on the loop thread. Each reading carries the link's
 `carrier_changes`, so a dump taken just before an event can never undo what the event said,
@@ -21,7 +22,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -30,11 +31,11 @@ from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 from checks.counters import RateWindow
 from checks.nic.ib import IbPorts, parse_rate
 from checks.nic.netlink import LinkObs, LinkTracker, dump_links, link_events, open_netlink
-from robustd.check import Check, CheckConfig, CheckContext
-from robustd.codes import CodeRule, load_codes
+from robustd.check import Check, CheckConfig, CheckContext, stop_reading
 from robustd.durations import Duration
 from robustd.model import Finding, FindingKind, Report
 from robustd.paths import AbsPath, NameOrPath
+from robustd.traffic import TrafficSnapshot, ib_bytes
 
 RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rules", "nic.yaml")
 DEFAULT_NETNS_DIR = "/run/netns"  # where `ip netns add` puts its handles
@@ -72,6 +73,7 @@ class NicCheck(Check):
     name = "nic"
     mode = "both"
     Config = NicConfig
+    rules = RULES
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,12 +85,9 @@ class NicCheck(Check):
         self._first: list[Finding] = []
         self._seq = 0
         self._counters: dict[str, tuple[int, dict[str, RateWindow]]] = {}
-        self._traffic: dict[str, tuple[float, float]] = {}
+        self._snapshot: TrafficSnapshot | None = None
         self._ib: IbPorts | None = None
         self._lock = threading.Lock()
-
-    def codes(self) -> Mapping[str, CodeRule]:
-        return load_codes(RULES)
 
     @staticmethod
     def _config(ctx: CheckContext) -> NicConfig:
@@ -104,10 +103,9 @@ class NicCheck(Check):
         self_ns = ctx.roots.proc_path("thread-self", "ns", "net")
         return open_netlink(groups, self._netns_path(self._config(ctx)), self_ns)
 
-    def traffic(self) -> dict[str, tuple[float, float]]:
-        """(tx, rx) bytes per second of every watched NIC and IB port over the rate window (hang signal)."""
-        with self._lock:
-            return {**self._traffic, **(self._ib.traffic if self._ib else {})}
+    def traffic_snapshot(self) -> TrafficSnapshot | None:
+        """Byte counters of every link but lo and every IB port at the last poll, watched or not (None before it)."""
+        return self._snapshot
 
     async def start(self, ctx: CheckContext) -> None:
         from pyroute2.netlink.rtnl import RTMGRP_LINK
@@ -151,9 +149,7 @@ class NicCheck(Check):
 
     async def close(self) -> None:
         if self._events is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._events.fileno())
-            self._events.close()
+            stop_reading(self._loop, self._events)
             self._events = None
         with self._lock:
             if self._dump is not None:
@@ -220,6 +216,11 @@ class NicCheck(Check):
         now = time.monotonic()
         if self._loop is not None and self._tracker is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._on_snapshot, links, now)
+        sysfs = cfg.sysfs_root or ctx.roots.sys
+        traffic = {f"nic/{o.ifname}": o.stats.get("rx_bytes", 0) + o.stats.get("tx_bytes", 0)
+                   for o in links if o.ifname != "lo"}
+        traffic.update(ib_bytes(cfg.ib_root or os.path.join(sysfs, "class", "infiniband")))
+        self._snapshot = TrafficSnapshot(at=now, links=traffic)  # replaced whole: readers never see half of one
         watched = self._tracker.watched if self._tracker else (lambda _: False)
         out: list[Finding] = []
         for o in links:
@@ -238,15 +239,12 @@ class NicCheck(Check):
         self._counters[o.ifname] = (o.index, windows)
         s = o.stats
         sums = {"errors": s.get("rx_errors", 0) + s.get("tx_errors", 0),
-                "drops": s.get("rx_dropped", 0) + s.get("tx_dropped", 0),
-                "tx_bytes": s.get("tx_bytes", 0), "rx_bytes": s.get("rx_bytes", 0)}
+                "drops": s.get("rx_dropped", 0) + s.get("tx_dropped", 0)}
         rates = {}
         for k, v in sums.items():
             w = windows.setdefault(k, RateWindow(cfg.rate_window))
             w.add(now, v)
             rates[k] = w.rate()
-        with self._lock:
-            self._traffic[f"nic/{o.ifname}"] = (rates["tx_bytes"] or 0.0, rates["rx_bytes"] or 0.0)
         bad = {k: f"{rates[k]:.3g}/s (total {sums[k]})" for k, limit in (("errors", cfg.error_rate),
                                                                          ("drops", cfg.drop_rate))
                if (rates[k] or 0.0) > limit}

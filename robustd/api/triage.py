@@ -26,7 +26,7 @@ import grpc
 from robustd import bounds
 from robustd.api.requests import Invalid
 from robustd.api.v1 import robustd_pb2 as pb
-from robustd.triage import MAX_LOG_BYTES, MAX_LOGS, LogText, Triage, to_json, triage
+from robustd.triage import MAX_LOG_BYTES, MAX_LOGS, Evidence, LogText, Triage, to_json, triage
 from robustd.triage.model import MAX_NAME
 from robustd.triage.status import exit_code, signal_name
 
@@ -106,17 +106,15 @@ def response(t: Triage) -> pb.TriageResponse:
 
 def response_json(resp: pb.TriageResponse) -> dict[str, Any]:
     """A TriageResponse as the `robustctl triage --json` object (absent keys left out as the CLI does)."""
-    out: dict[str, Any] = {"class": getattr(resp, "class"), "infra": resp.infra, "next": resp.next}
-    if resp.level:
-        out["level"] = resp.level
-    out["evidence"] = [{"file": e.file, "line": e.line, "text": e.text, "offset": e.offset}
-                       | ({"rank": e.rank} if e.HasField("rank") else {}) for e in resp.evidence]
-    if resp.ranks:
-        out["ranks"] = list(resp.ranks)
-    out["reason"] = resp.reason
-    if resp.partial:
-        out["partial"] = list(resp.partial)
-    return out
+    return to_json(triage_of(resp))
+
+
+def triage_of(resp: pb.TriageResponse) -> Triage:
+    """The judge's answer back from a TriageResponse (the inverse of `response`)."""
+    evidence = tuple(Evidence(file=e.file, line=e.line, text=e.text, offset=e.offset,
+                              rank=e.rank if e.HasField("rank") else None) for e in resp.evidence)
+    return Triage(klass=getattr(resp, "class"), infra=resp.infra, next=resp.next, level=resp.level or None,
+                  evidence=evidence, ranks=tuple(resp.ranks), reason=resp.reason, partial=tuple(resp.partial))
 
 
 def judge(logs: Sequence[LogText], code: int | None, sig: str | None) -> pb.TriageResponse:

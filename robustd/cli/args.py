@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from typing import Callable, TypeVar
 
 from robustd.durations import parse_duration
 
 AddGlobals = Callable[[argparse.ArgumentParser, bool], None]
 Verb = Callable[[str, str], argparse.ArgumentParser]
+T = TypeVar("T")
 
 
 def verbs(parent: argparse.ArgumentParser, dest: str, add_globals: AddGlobals) -> Verb:
@@ -23,12 +24,20 @@ def verbs(parent: argparse.ArgumentParser, dest: str, add_globals: AddGlobals) -
     return verb
 
 
-def duration(text: str) -> float:
-    """An argparse type: `500ms`, `10s`, `5m`, `1h`, `30d` → seconds (a usage error otherwise)."""
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def argument_type(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse type from a parser that raises ValueError: its message becomes the usage error."""
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = name
+    return convert
+
+
+# An argparse type: `500ms`, `10s`, `5m`, `1h`, `30d` → seconds (a usage error otherwise).
+duration = argument_type(parse_duration, "duration")
 
 
 def positive_duration(text: str, what: str = "") -> float:

@@ -1,6 +1,6 @@
 """`robustctl stragglers`: what-if straggler analysis of a sampled training trace (needs no daemon).
 
-Malformed traces or metadata raise ValueError (robustd.stragglers.TraceError is one); robustctl turns
+Malformed traces or metadata raise ValueError (robustd.stragglers.OpTraceError is one); robustctl turns
 them into exit 64 with the message on one line of stderr. A missing file is an OSError (exit 1).
 """
 

@@ -20,10 +20,10 @@ import stat
 from collections.abc import Sequence
 
 from robustd.cli import output
-from robustd.triage import MAX_LOG_BYTES, MAX_LOGS, LogText, read_log, to_json, to_text, triage, triage_files
-from robustd.triage.model import MAX_NAME
-from robustd.triage.rules import SHIPPED as RULES
-from robustd.triage.rules import RuleError
+from robustd.cli.args import argument_type
+from robustd.triage.model import MAX_LOG_BYTES, MAX_LOGS, MAX_NAME, LogText
+from robustd.triage.reader import read_log
+from robustd.triage.render import to_json, to_text
 
 EXIT_UNREADABLE = 2  # a log that cannot be read
 MAX_TAIL = 1 << 30  # --tail per log
@@ -46,11 +46,7 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+_size = argument_type(parse_size, "size")
 
 
 def _exit_code(text: str) -> int:
@@ -140,6 +136,10 @@ def _read(path: str, tail: int) -> LogText:
 
 
 def run(args: argparse.Namespace) -> int:
+    from robustd.triage import triage, triage_files  # the judge and its rule file: only when triaging
+    from robustd.triage.rules import SHIPPED as RULES
+    from robustd.triage.rules import RuleError
+
     files = paths(args.logs)
     try:
         if all(stat.S_ISREG(os.stat(p).st_mode) for p in files):

@@ -16,7 +16,7 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
 from robustd.codes import CodeRule
@@ -37,13 +37,14 @@ from robustd.diagnostics.model import (
 )
 from robustd.diagnostics.validate import BadRequest, validate
 from robustd.engine import Engine
+from robustd.inventory import GpuInventory
 from robustd.model import Action, Finding, FindingKind, Severity
 from robustd.model import Report as FindingReport
 
 log = logging.getLogger("robustd.diag")  # the name operators filter the journal by
 SOURCE = "diagnostics"
 
-__all__ = ["BadRequest", "Busy", "DiagnosticsManager", "GpuView", "Refused", "Run", "codes"]
+__all__ = ["BadRequest", "Busy", "DiagnosticsManager", "Refused", "Run", "codes"]
 
 
 class Busy(Exception):
@@ -52,16 +53,6 @@ class Busy(Exception):
 
 class Refused(Exception):
     """GPU compute processes are alive and the request did not force (→ FAILED_PRECONDITION)."""
-
-
-@dataclass
-class GpuView:
-    """What the diagnostics need from the GPU check: the GPUs, the driver, who is using them."""
-
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # index, bus_id, uuid, name
-    driver: str = ""
-    busy_pids: frozenset[int] = frozenset()
-    emulated: bool = False
 
 
 @dataclass
@@ -79,14 +70,14 @@ class Run:
 
 class DiagnosticsManager:
     def __init__(self, engine: Engine, config: Callable[[], DiagnosticsConfig], node: str, state_dir: str,
-                 gpu_view: Callable[[], GpuView], cpu_model: str = ""):
+                 gpu_inventory: Callable[[], GpuInventory], cpu_model: str = ""):
         self.engine = engine
         self.store = engine.reports
         self.config = config
         self.node = node
         # state_dir is absolute (config AbsPath): children get file paths (FileStore) from it.
         self.work_root = os.path.join(state_dir, "diag")
-        self.gpu_view = gpu_view
+        self.gpu_inventory = gpu_inventory  # what the GPU check last published (robustd/inventory.py)
         self.cpu_model = cpu_model or "unknown CPU"
         self.running: Run | None = None
 
@@ -105,13 +96,13 @@ class DiagnosticsManager:
         if self.running is not None:
             raise Busy(f"diagnostic {self.running.id} is running; one at a time per node")
         tests = self._tests(req, cfg)
-        view = self.gpu_view()
-        known = {g["bus_id"] for g in view.gpus}
+        view = self.gpu_inventory()
+        known = {g.bus_id for g in view.devices}
         if unknown := [b for b in req.gpus if b not in known]:
             more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
             raise BadRequest(f"unknown GPUs {unknown[:4]}{more} (this node has: {', '.join(sorted(known)) or 'none'})")
-        if view.busy_pids and not req.force:
-            pids = ", ".join(str(p) for p in sorted(view.busy_pids))
+        if view.compute_pids and not req.force:
+            pids = ", ".join(str(p) for p in sorted(view.compute_pids))
             raise Refused(f"GPU compute processes are alive (pids {pids}); stop the job or set force")
         if req.test_faults_json:
             if not cfg.test_faults:
@@ -190,7 +181,7 @@ class DiagnosticsManager:
         return [Golden(key=k, digest=d, report_id=r, recorded_at=at) for k, d, r, at in self.store.goldens()]
 
     # -- the run -------------------------------------------------------------------------------
-    async def _execute(self, run: Run, view: GpuView) -> None:
+    async def _execute(self, run: Run, view: GpuInventory) -> None:
         cfg = self.config()
         failed = False
         n = len(run.tests)
@@ -219,7 +210,7 @@ class DiagnosticsManager:
             shutil.rmtree(os.path.join(self.work_root, run.id), ignore_errors=True)
             self.running = None
 
-    async def _run_test(self, run: Run, test: table.StopTimeTest, i: int, view: GpuView, cfg: DiagnosticsConfig
+    async def _run_test(self, run: Run, test: table.StopTimeTest, i: int, view: GpuInventory, cfg: DiagnosticsConfig
                         ) -> list[TestResult]:
         if test.needs_rendezvous and run.request.rendezvous is None:
             return [TestResult(test=test.name, component="host", status=Status.SKIPPED,
@@ -248,11 +239,11 @@ class DiagnosticsManager:
     def _golden(self, key: str) -> str | None:
         return next((d for k, d, _r, _at in self.store.goldens() if k == key), None)
 
-    def _spec(self, run: Run, test: table.StopTimeTest, work: str, view: GpuView, cfg: DiagnosticsConfig
+    def _spec(self, run: Run, test: table.StopTimeTest, work: str, view: GpuInventory, cfg: DiagnosticsConfig
               ) -> dict[str, Any]:
         """The child's SPEC.json (checks/diagnostics/PROTOCOL.md)."""
         req = run.request
-        gpus = [g for g in view.gpus if not req.gpus or g["bus_id"] in req.gpus]
+        gpus = [asdict(g) for g in view.devices if not req.gpus or g.bus_id in req.gpus]  # index, bus_id, uuid, name
         if view.emulated:
             gpus = []  # emulated GPUs are no CUDA devices: run CPU ranks
         backend = cfg.collectives.backend

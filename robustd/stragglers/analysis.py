@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from robustd.stragglers import graph as graphmod
-from robustd.stragglers import sim
+from robustd.stragglers import whatif
 from robustd.stragglers.graph import CATEGORIES, Graph
-from robustd.stragglers.trace import Trace, TraceError
+from robustd.stragglers.optrace import OpTrace, OpTraceError
 
 STRAGGLING = 1.1  # S above which a job straggles (paper §4.2); below it no cause is hinted
 M_THRESHOLD = 0.5  # M_S / M_W above which the last stage / the slowest workers are the cause
@@ -114,7 +114,7 @@ def _round(x: float) -> float:
     return round(float(x), 6)
 
 
-def analyze(trace: Trace, g: Graph | None = None) -> Report:
+def analyze(trace: OpTrace, g: Graph | None = None) -> Report:
     g = g if g is not None else graphmod.build(trace)
     n, dp, pp = g.nodes, g.dp, g.pp
     cats = [c for c in range(len(CATEGORIES)) if (g.category == c).any()]
@@ -125,11 +125,11 @@ def analyze(trace: Trace, g: Graph | None = None) -> Report:
     scen += [np.broadcast_to(np.arange(dp)[None, :] == d, (n, dp)) for d in range(dp)]
     scen += [np.broadcast_to((g.stage == p)[:, None], (n, dp)) for p in range(pp)]
     scen.append(np.broadcast_to((g.stage != pp - 1)[:, None], (n, dp)))
-    per_step = sim.replay(g, np.stack(scen))
+    per_step = whatif.replay(g, np.stack(scen))
     times = per_step.mean(axis=1)
     t_meas, t_ideal = float(times[0]), float(times[1])
     if t_ideal <= 0.0 or t_meas <= 0.0:
-        raise TraceError("every operation in the selected steps takes no time: nothing to analyse")
+        raise OpTraceError("every operation in the selected steps takes no time: nothing to analyse")
     i = 2
     op_types = {CATEGORIES[c]: float(times[i + j]) / t_ideal for j, c in enumerate(cats)}
     i += len(cats)
@@ -147,7 +147,7 @@ def analyze(trace: Trace, g: Graph | None = None) -> Report:
     fix_w = np.ones((n, dp), bool)
     for w in worst:
         fix_w[g.stage == w.pp_rank, w.dp_rank] = False
-    t_rem_worst = float(sim.replay(g, fix_w[None]).mean())
+    t_rem_worst = float(whatif.replay(g, fix_w[None]).mean())
 
     gap = t_meas - t_ideal  # M_W and M_S are shares of it; meaningless when there is (almost) none
     m_w = (t_meas - t_rem_worst) / gap if gap > 1e-6 * t_ideal else 0.0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from robustd.stragglers.trace import OP_TYPES, Trace, TraceError
+from robustd.stragglers.optrace import OP_TYPES, OpTrace, OpTraceError
 
 T = {name: i for i, name in enumerate(OP_TYPES)}
 FWD, BWD = 0, 1
@@ -89,7 +89,7 @@ class Graph:
         return np.where(self.present, per_node[:, None, None], 0.0)
 
 
-def build(trace: Trace) -> Graph:
+def build(trace: OpTrace) -> Graph:
     meta = trace.meta
     steps = trace.steps
     si = np.searchsorted(steps, trace.step)
@@ -176,12 +176,12 @@ def _sync_units(pp: int, vpp: int, stage: np.ndarray, optype: np.ndarray, seq: n
             if not 0 <= q < pp:
                 if vpp == 1 or pp == 1:
                     if nodes(p, send):
-                        raise TraceError(f"PP {p} has {send} ops but no stage {q} to receive them")
+                        raise OpTraceError(f"PP {p} has {send} ops but no stage {q} to receive them")
                     continue
                 q %= pp
             s_nodes, r_nodes = nodes(p, send), nodes(q, recv)
             if len(s_nodes) != len(r_nodes):
-                raise TraceError(f"pipeline ops do not pair up: PP {p} has {len(s_nodes)} {send} ops per step, "
+                raise OpTraceError(f"pipeline ops do not pair up: PP {p} has {len(s_nodes)} {send} ops per step, "
                                  f"PP {q} has {len(r_nodes)} {recv}")
             for a, b in zip(s_nodes, r_nodes, strict=True):
                 tr = np.fmin(end[a], end[b]) - np.fmax(start[a], start[b])
@@ -240,6 +240,6 @@ def _toposort(units: list[tuple[list[int], bool]], deps: list[list[int]], n_node
             if indeg[v] == 0:
                 ready.append(v)
     if len(out) != len(units):
-        raise TraceError("the operations' dependencies form a cycle: the stages' send/recv order does not match "
+        raise OpTraceError("the operations' dependencies form a cycle: the stages' send/recv order does not match "
                          "a pipeline schedule")
     return [units[u] for u in out]

@@ -9,12 +9,13 @@ heavier last stage, long sequences on one DP rank per step, and unsynchronised G
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from robustd.stragglers.trace import OP_TYPES, Meta
+from robustd.stragglers.optrace import OP_TYPES, Meta
 
 # Transfer durations (seconds) of the communication ops once every peer has launched.
 P2P_TRANSFER = 0.0005
@@ -66,12 +67,16 @@ def _schedule(p: int, pp: int, m: int) -> list[list[tuple[str, int]]]:
         prog.append([("backward-compute", bwd_mb)])
         bwd_mb += 1
 
+    def alone(direction: str, compute: Callable[[], None], receives: bool, sends: bool) -> None:
+        """One microbatch outside the steady state: receive its input, compute, send its output."""
+        if receives:
+            prog.append([(f"{direction}-recv", -1)])
+        compute()
+        if sends:
+            prog.append([(f"{direction}-send", -1)])
+
     for _ in range(warmup):
-        if not first:
-            prog.append([("forward-recv", -1)])
-        forward()
-        if not last:
-            prog.append([("forward-send", -1)])
+        alone("forward", forward, not first, not last)
     remaining = m - warmup
     if remaining and not first:
         prog.append([("forward-recv", -1)])
@@ -86,11 +91,7 @@ def _schedule(p: int, pp: int, m: int) -> list[list[tuple[str, int]]]:
         elif not first:
             prog.append([("backward-send", -1), ("forward-recv", -1)])
     for _ in range(warmup):
-        if not last:
-            prog.append([("backward-recv", -1)])
-        backward()
-        if not first:
-            prog.append([("backward-send", -1)])
+        alone("backward", backward, not last, not first)
     prog += [[("gc", -1)], [("layernorm-grads-all-reduce", -1)]]
     if first or last:
         prog.append([("embedding-grads-all-reduce", -1)])
@@ -119,7 +120,7 @@ def compute_times(job: Job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def generate(job: Job) -> dict[str, np.ndarray]:
-    """Trace columns (as in the parquet files) of the job, executed with blocking semantics."""
+    """OpTrace columns (as in the parquet files) of the job, executed with blocking semantics."""
     rng = np.random.default_rng(job.seed + 1)
     fwd, bwd, gc = compute_times(job)
     pp, shape = job.pp, (job.steps, job.dp)

@@ -14,9 +14,9 @@ from typing import Iterator
 import numpy as np
 
 from robustd.stragglers import graph as graphmod
-from robustd.stragglers import sim
+from robustd.stragglers import whatif
 from robustd.stragglers.graph import Graph
-from robustd.stragglers.trace import OP_TYPES
+from robustd.stragglers.optrace import OP_TYPES
 
 STREAMS = ("compute", "pp-comm", "dp-comm")
 
@@ -35,7 +35,7 @@ def chunks(g: Graph) -> Iterator[str]:
     first = True
     ideal_work = g.ideal_work()
     for r, (label, fixed) in enumerate((("measured", False), ("ideal", True))):
-        tl = sim.timeline(g, fixed)
+        tl = whatif.timeline(g, fixed)
         offsets = np.concatenate([[0.0], np.cumsum(tl.step_time)[:-1]])
         work = ideal_work if fixed else g.work
         meta = []

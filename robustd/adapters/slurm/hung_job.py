@@ -1,0 +1,149 @@
+"""A hung job's leftovers: find the job's processes still alive and save their stacks (Tracer.CaptureStacks).
+
+The Slurm epilog calls `capture_hang` when triage says `hang`; the capture lands in <state_dir>/stacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from robustd.adapters.slurm import client
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.roots import Roots
+
+if TYPE_CHECKING:
+    from robustd.adapters.slurm.hooks import Hook
+
+log = logging.getLogger("robustd.slurm")
+
+MAX_JOB_PIDS = 64  # a hung job's leftover processes whose stacks are captured
+MAX_PROC_READ = 1 << 20  # bytes of one process's environ or cgroup read when looking for the job's processes
+STACKS_KEEP = 50  # capture files kept in <state_dir>/stacks (the newest)
+JOB_ID = re.compile(r"[0-9]+(?:_[0-9]+)?")  # a job id (or array job_task) Slurm could have handed us
+
+
+def _read_small(path: str, limit: int = MAX_PROC_READ) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return b""
+
+
+def _ancestors(roots: Roots, pid: int) -> set[int]:
+    """`pid` and its parents: the epilog and the slurmd that runs it carry SLURM_JOB_ID too."""
+    out = {pid}
+    for _ in range(32):
+        stat_text = _read_small(roots.proc_path(str(pid), "stat"), 4096)
+        try:
+            pid = int(stat_text[stat_text.rindex(b")") + 2:].split()[1])
+        except (ValueError, IndexError):
+            break
+        if pid <= 1 or pid in out:
+            break
+        out.add(pid)
+    return out
+
+
+def job_pids(roots: Roots, job: str, own: int, limit: int = MAX_JOB_PIDS) -> list[int]:
+    """The job's processes still alive: in its cgroup (`.../job_<id>/...`, proctrack/cgroup) or with
+    SLURM_JOB_ID=<id> in their environment (any proctrack); never the epilog itself, its parents or slurmstepd."""
+    if not JOB_ID.fullmatch(job):
+        return []
+    in_cgroup = re.compile(rb"/job_" + re.escape(job.encode()) + rb"(?:/|$)", re.M)
+    marker = b"SLURM_JOB_ID=" + job.encode()
+    skip = _ancestors(roots, own)
+    try:
+        entries = os.listdir(roots.proc)
+    except OSError:
+        return []
+    found = []
+    for pid in sorted(int(e) for e in entries if e.isdigit()):
+        if pid in skip:
+            continue
+        entry = str(pid)
+        if not in_cgroup.search(_read_small(roots.proc_path(entry, "cgroup"))) \
+                and marker not in _read_small(roots.proc_path(entry, "environ")).split(b"\0"):
+            continue
+        if not _read_small(roots.proc_path(entry, "cmdline"), 4096):
+            continue  # a zombie or a kernel thread: nothing to capture
+        if _read_small(roots.proc_path(entry, "comm"), 64).strip() == b"slurmstepd":
+            continue
+        found.append(pid)
+        if len(found) >= limit:
+            break
+    return sorted(found)
+
+
+def capture_hang(hook: Hook, job: str) -> None:
+    """Tracer.CaptureStacks of the hung job's leftover processes, saved under <state_dir>/stacks; the
+    path is logged. Only training processes are traced (the daemon's rule): the others are left out."""
+    pids = job_pids(hook.settings.roots(), job, os.getpid())
+    if not pids:
+        log.warning("job %s: triage says hang; no process of the job is left to capture", job)
+        return
+    tracer = hook.settings.config.tracer
+    waves = 1 + len(pids) // max(1, tracer.concurrency)
+    timeout = min(max(1.0, hook.remaining() - 5), tracer.timeout * waves + 10)
+    want = list(pids)
+    resp = None
+    for _ in range(2):
+        try:
+            channel = client.open_channel(hook.socket)
+        except client.Unreachable as e:
+            log.warning("job %s: triage says hang, but its stacks cannot be captured: %s", job, e)
+            return
+        try:
+            resp = pb_grpc.TracerStub(channel).CaptureStacks(
+                pb.CaptureRequest(selector=pb.ProcessSelector(pids=want)), timeout=timeout)
+            break
+        except grpc.RpcError as e:
+            details = e.details() or ""
+            # "pid 12, 13: not a training process ...": trace the rest of the job's processes
+            refused = {int(n) for n in re.findall(r"\d+", details.partition(":")[0])}
+            if e.code() == grpc.StatusCode.NOT_FOUND and refused and set(want) - refused:
+                want = [p for p in want if p not in refused]
+                continue
+            log.warning("job %s: triage says hang; stack capture of its %d processes (pids %s) failed: %s: %s",
+                        job, len(pids), ",".join(map(str, pids[:16])), e.code().name, details[:300])
+            return
+        finally:
+            channel.close()
+    if resp is None:
+        return
+    try:
+        path = save_stacks(hook.settings.config.state_dir, job, resp)
+    except OSError as e:
+        log.warning("job %s: stacks captured but not saved: %s", job, e)
+        return
+    failed = sum(1 for p in resp.processes if p.error)
+    log.warning("job %s: triage says hang: stacks of %d of its processes captured (%d not), saved to %s",
+                job, len(resp.processes) - failed, failed, path)
+
+
+def save_stacks(state_dir: str, job: str, resp: Any) -> str:
+    """The capture as JSON in <state_dir>/stacks/job-<id>-<time>.json (0600); the newest STACKS_KEEP are kept."""
+    from robustd.cli.render import to_json
+
+    folder = os.path.join(state_dir, "stacks")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"job-{job}-{time.strftime('%Y%m%dT%H%M%S')}.json")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(to_json(resp))
+    os.replace(tmp, path)
+    old = sorted(glob.glob(os.path.join(glob.escape(folder), "job-*.json")), key=os.path.getmtime, reverse=True)
+    for stale in old[STACKS_KEEP:]:
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
+    return path
