@@ -4,6 +4,9 @@
   Target p99 ≤ 500 ms; ByteRobust's Monitor: 30 s.
 - GPU lost and GPU over-temperature through the NVML emulator and the real pynvml, with the
   GPU check at its default 1 s interval. Target p99 ≤ 2 s; ByteRobust: 10 s.
+- NVML-event faults (Xid 79, Xid 48, fatal poison, recovery action, in turn over the 8 GPUs),
+  pushed through the emulator's event API to the GPU check's watcher thread, no poll involved.
+  Target p99 ≤ 100 ms (the poll path ≈ 1 s; ByteRobust's GPU detection ≈ 10 s).
 Each latency runs from the moment the fault is injected (the state file is replaced, the
 link is set down) to the RAISED event arriving on a Watch stream.
 """
@@ -115,6 +118,32 @@ def measure_gpu(node: GpuNode, n: int, fault: str) -> tuple[list[float], int]:
     return lat, missed
 
 
+EVENT_FAULTS = (("xid", "79", "XID_79"), ("xid", "48", "XID_48"), ("poison", None, "GPU_FATAL_POISON"),
+                ("recovery-action", "gpu-reset", "XID_154"))
+
+
+def measure_gpu_events(node: GpuNode, n: int) -> tuple[list[float], int]:
+    """Event injected -> RAISED on Watch; then the GPU is cleared and the condition acknowledged."""
+    lat: list[float] = []
+    missed = 0
+    rng = random.Random(2)
+    for i in range(n):
+        g = i % GPUS
+        fault, value, code = EVENT_FAULTS[(i // GPUS) % len(EVENT_FAULTS)]
+        comp = f"gpu/{node.bus[g]}"
+        time.sleep(rng.uniform(0.05, 0.25))  # events do not wait for a poll: any phase will do
+        t0 = node.edit(lambda s, g=g, f=fault, v=value: emu.apply_fault(s, g, f, value=v))
+        t = node.wait(pb.EVENT_KIND_RAISED, code, comp, timeout=5.0)
+        node.edit(lambda s, g=g: emu.clear(s, g))
+        if t is None:
+            missed += 1
+            continue
+        lat.append((t - t0) * 1000)
+        node.stub.Acknowledge(pb.AcknowledgeRequest(component=comp, code=code, reason="bench"))
+        node.wait(pb.EVENT_KIND_CLEARED, code, comp, timeout=5.0)
+    return lat, missed
+
+
 def report(name: str, lat: list[float], n: int, missed: int, target_ms: float) -> None:
     print(f"{name}: {len(lat)}/{n} seen on Watch ({missed} waits timed out)")
     if lat:
@@ -125,12 +154,12 @@ def report(name: str, lat: list[float], n: int, missed: int, target_ms: float) -
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=50)
-    ap.add_argument("--only", choices=["nic", "gpu-lost", "gpu-temp"])
+    ap.add_argument("--only", choices=["nic", "gpu-lost", "gpu-temp", "gpu-events"])
     args = ap.parse_args()
     if args.only in (None, "nic"):
         lat, missed = measure_nic(args.n)
         report("NIC carrier down", lat, args.n, missed, 500)
-    if args.only in (None, "gpu-lost", "gpu-temp"):
+    if args.only in (None, "gpu-lost", "gpu-temp", "gpu-events"):
         tmp = Path(tempfile.mkdtemp(prefix="rdhw-"))
         node = GpuNode(tmp)
         try:
@@ -140,6 +169,10 @@ def main() -> None:
                     lat, missed = measure_gpu(node, args.n, fault)
                     report(f"GPU {'lost' if fault == 'lost' else 'over-temperature'} (emulator, 1 s poll)",
                            lat, args.n, missed, 2000)
+            if args.only in (None, "gpu-events"):
+                lat, missed = measure_gpu_events(node, args.n)
+                report("GPU NVML events: Xid 79/48, fatal poison, recovery action (emulator, pushed)",
+                       lat, args.n, missed, 100)
         finally:
             node.close()
             shutil.rmtree(tmp, ignore_errors=True)

@@ -4,63 +4,42 @@ Backends: `nvml` (the host's libnvidia-ml.so.1) or `emulator` (robustd/nvmlemu, 
 pynvml so that glibc hands pynvml the emulator for the same SONAME; only when config says so).
 Every NVML call announces which GPU and which call it is (`_Current`), so a call that hangs is
 reported by `timeout_findings` as NVML_HANG on that GPU while the poll thread stays stuck.
+
+Faults NVML pushes (Xids, DBE, DRAM retirement failure, fatal poison, GPU unavailable, recovery
+action) arrive through `checks/gpu_events.py`: the first poll, once the inventory is known,
+registers one event set over every GPU and starts its waiting thread; `reports` hands its findings
+to the daemon as they come (the watch half of mode "both"). GPUs or drivers without events are
+named once in ListChecks (`note`) and stay polled. The poll keeps everything NVML does not push.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
-import glob
 import os
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pynvml
-import yaml
-from pydantic import Field, model_validator
 
-from checks.sysfs import read_text
-from robustd.check import Check, CheckConfig, CheckContext
+from checks.gpu_config import GpuConfig, load_temperature_levels
+from checks.gpu_events import EventWatcher, address, emitter
+from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule, load_codes
-from robustd.durations import Duration
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
-from robustd.model import Action, Finding, FindingKind, Severity
-from robustd.paths import AbsPath
+from robustd.model import Action, Finding, FindingKind, Report, Severity
 
 RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "gpu.yaml")
+KERNEL_RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "kernel.yaml")  # XID_* meanings
+HANG_LOOK_EVERY = 1.0  # how often `reports` looks for a hung event wait while no event comes
 NVML_LIBRARY = "libnvidia-ml.so.1"
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-TEMPERATURE_LEVELS = ("near_shutdown", "at_slowdown")
-
-
-class GpuConfig(CheckConfig):
-    """`checks.gpu`. backend, expected_gpus and emulator_state are the public contract."""
-
-    backend: Literal["nvml", "emulator"] = "nvml"
-    expected_gpus: int | None = Field(default=None, ge=0)
-    emulator_state: AbsPath | None = None  # the emulator's state file (required with backend: emulator)
-    emulator_library: AbsPath | None = None  # default: built on demand into <state_dir>/nvml-emulator/
-    temp_warn_margin: int = Field(default=0, ge=0)  # WARNING at slowdown threshold minus this (°C)
-    temp_critical_margin: int = Field(default=3, ge=0)  # CRITICAL at shutdown threshold minus this (°C)
-    init_timeout: Duration = 60.0  # a stuck nvmlInit/inventory is NVML_HANG only after this long
-    slowdown_window: Duration = 10.0  # HW slowdown reasons must hold this long to raise
-    busy_utilization: int = Field(default=50, ge=0, le=100)  # % above which a lower PCIe gen counts
-    nvlink_counters_every: int = Field(default=5, ge=1)  # read NVLink error counters every Nth poll (cost)
-    replay_window: Duration = 60.0
-    replay_per_lane_per_min: float | None = None  # default: DCGM's 0.96 at Gen4, doubling per gen
-    stall_after: Duration = 300.0  # TRAINING_STALLED after this long idle with processes alive
-    stall_utilization: int = Field(default=1, ge=0, le=100)  # % at or below which a GPU counts as idle
-    stall_traffic_bytes_per_s: float = Field(default=1_000_000.0, ge=0)  # RDMA+NIC below this is ~0
-
-    @model_validator(mode="after")
-    def _emulator_needs_state(self) -> GpuConfig:
-        if self.backend == "emulator" and not self.emulator_state:
-            raise ValueError("backend emulator needs emulator_state (the emulator's state file)")
-        return self
 
 
 @dataclass
@@ -99,28 +78,11 @@ class _Current:
         return self._value
 
 
-def load_temperature_levels(path: str) -> dict[str, tuple[Severity, Action]]:
-    """`temperature_levels` of the rule file: GPU_TEMP_HIGH's severity and action at each level."""
-    with open(path, encoding="utf-8") as f:
-        levels = (yaml.safe_load(f) or {}).get("temperature_levels") or {}
-    try:
-        return {name: (Severity[levels[name]["severity"]], Action[levels[name]["action"]])
-                for name in TEMPERATURE_LEVELS}
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: temperature_levels needs {', '.join(TEMPERATURE_LEVELS)}, each with a "
-                         f"severity and an action ({e!r})") from None
-
-
 def normalize_bus_id(bus_id: str) -> str:
     """NVML's `00000000:3B:00.0` as the kernel writes it: `0000:3b:00.0`."""
     domain, _, rest = bus_id.strip().rpartition(":")
     domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
     return f"{int(domain or '0', 16):04x}:{bus.lower()}:{rest.lower()}"
-
-
-def _address(handle: Any) -> int | None:
-    """A device handle's identity (NVML hands out the same pointer for the same GPU)."""
-    return ctypes.cast(handle, ctypes.c_void_p).value
 
 
 def _text(value: Any) -> str:
@@ -129,7 +91,7 @@ def _text(value: Any) -> str:
 
 class GpuCheck(Check):
     name = "gpu"
-    mode = "poll"
+    mode = "both"  # polled every interval; NVML events pushed by the watcher thread
     Config = GpuConfig
 
     def __init__(self) -> None:
@@ -144,9 +106,22 @@ class GpuCheck(Check):
         self._polls = 0
         self._stall_since: float | None = None
         self._traffic: tuple[float, int] | None = None
+        self._events: EventWatcher | None = None
+        self._events_lock = threading.Lock()  # the poll thread starts the watcher, the event loop stops it
+        self._events_note = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[list[Finding]] | None = None
+        self._hang_grace = 1.0
 
     def codes(self) -> Mapping[str, CodeRule]:
-        return load_codes(RULES)
+        """gpu.yaml, and the kernel rules' XID_* meanings: NVML Xid events raise those codes even where the
+        kernel check does not run (a container without CAP_SYSLOG)."""
+        xids = {code: rule for code, rule in load_codes(KERNEL_RULES).items() if code.startswith("XID_")}
+        return {**xids, **load_codes(RULES)}
+
+    def note(self) -> str:
+        """Shown once in ListChecks: GPUs whose driver pushes no NVML events (they stay polled)."""
+        return self._events_note
 
     def gpu_inventory(self) -> GpuInventory:
         """robustd.inventory.GpuInventoryProvider: what the last poll published."""
@@ -188,11 +163,11 @@ class GpuCheck(Check):
 
     # -- findings ------------------------------------------------------------------------------
     def _finding(self, component: str, code: str, message: str, severity: Severity | None = None,
-                 action: Action | None = None, **evidence: str) -> Finding:
+                 action: Action | None = None, kind: FindingKind = FindingKind.STATE, **evidence: str) -> Finding:
         if self._emulated:
             evidence["emulated"] = "true"
         return Finding(component=component, code=code, message=message, evidence=evidence,
-                       kind=FindingKind.STATE, severity=severity, action=action)
+                       kind=kind, severity=severity, action=action)
 
     def timeout_findings(self, ctx: CheckContext, stuck_for: float) -> Sequence[Finding] | None:
         now = self.current.get()
@@ -211,6 +186,56 @@ class GpuCheck(Check):
             return fn(*args)
         finally:
             self.current.clear()
+
+    # -- NVML events (the watch half) -----------------------------------------------------------
+    async def start(self, ctx: CheckContext) -> None:
+        """Only remembers the loop: NVML is initialised by the first poll, which then starts the watcher."""
+        self._loop = asyncio.get_running_loop()
+        self._queue = asyncio.Queue(maxsize=1024)
+        self._hang_grace = self._config(ctx).deadline
+
+    async def reports(self) -> AsyncIterator[Report]:
+        """The watcher's findings as they come; NVML_HANG every HANG_LOOK_EVERY while its wait is stuck."""
+        queue = self._queue
+        assert queue is not None, "start() first"
+        while True:
+            try:
+                findings = await asyncio.wait_for(queue.get(), HANG_LOOK_EVERY)
+            except TimeoutError:
+                watcher = self._events
+                hang = watcher.hang_findings(self._hang_grace) if watcher is not None else []
+                if hang:
+                    yield Report(self.name, tuple(hang))
+                continue
+            yield Report(self.name, tuple(findings))
+
+    async def close(self) -> None:
+        """Stop the watcher: its thread sees it within one bounded wait and frees the set (never joined)."""
+        with self._events_lock:
+            if self._events is not None:
+                self._events.stop()
+            self._events, self._loop = None, None
+
+    def _watch_events(self, ctx: CheckContext) -> None:
+        """On the poll thread, once NVML is up: register every GPU, start the waiting thread."""
+        with self._events_lock:
+            loop, queue = self._loop, self._queue
+            if loop is None or queue is None:
+                return
+            gpus = [(g.handle, g.bus, address(g.handle)) for g in self.inventory if not g.lost]
+            try:
+                watcher = EventWatcher(gpus, self._finding, emitter(loop, queue), self._call)
+            except pynvml.NVMLError as e:  # no event sets at all on this driver
+                self._events_note = f"NVML events NOT_SUPPORTED here ({e}); polling only"
+                ctx.log.warning("GPU check: %s", self._events_note)
+                self._events = None
+                self._loop = None  # said once; not tried again until a restart or reload
+                return
+            self._events = watcher
+            self._events_note = watcher.note()
+            watcher.run()
+        ctx.log.info("NVML events: watching %d GPUs%s", len(watcher.registered),
+                     f"; {self._events_note}" if self._events_note else "")
 
     # -- NVML setup ----------------------------------------------------------------------------
     @staticmethod
@@ -293,14 +318,16 @@ class GpuCheck(Check):
                                           error=str(e), expected_gpus=str(cfg.expected_gpus))]
                 ctx.log.info("NVML unavailable (%s); no GPUs expected", e)
                 return []
+        if self._events is None and self._loop is not None:
+            self._watch_events(ctx)
         findings: list[Finding] = []
         now = time.monotonic()
         self._polls += 1
         count = self._call("host", pynvml.nvmlDeviceGetCount)
         if count != len(self.inventory):
-            present = {_address(self._call("host", pynvml.nvmlDeviceGetHandleByIndex, i)) for i in range(count)}
+            present = {address(self._call("host", pynvml.nvmlDeviceGetHandleByIndex, i)) for i in range(count)}
             for g in self.inventory:
-                if _address(g.handle) not in present:
+                if address(g.handle) not in present:
                     g.lost = True
                     findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"GPU {g.bus} vanished from NVML",
                                                   reason="vanished", uuid=g.uuid))
@@ -460,11 +487,12 @@ class GpuCheck(Check):
         if not pids or not utils or max(utils) > cfg.stall_utilization:
             self._stall_since, self._traffic = None, None
             return []
-        total = read_traffic_bytes(ctx.roots.sys)
-        prev, self._traffic = self._traffic, (now, total)
-        if prev is None or now <= prev[0]:
+        # The NIC check's counters at its last poll, or sysfs read now without it (robustd/traffic.py).
+        snap = ctx.traffic()
+        prev, self._traffic = self._traffic, (snap.at, snap.total)
+        if prev is None or snap.at <= prev[0]:  # no new snapshot since the last poll
             return []
-        rate = (total - prev[1]) / (now - prev[0])
+        rate = (snap.total - prev[1]) / (snap.at - prev[0])
         if rate < 0 or rate > cfg.stall_traffic_bytes_per_s:
             self._stall_since = None
             return []
@@ -476,23 +504,3 @@ class GpuCheck(Check):
                               f"{len(pids)} GPU processes alive, GPUs idle and network quiet for {idle:.0f}s",
                               pids=",".join(str(p) for p in sorted(pids)), max_utilization=f"{max(utils)}%",
                               traffic_bytes_per_s=f"{rate:.0f}", idle_for=f"{idle:.0f}s")]
-
-
-def read_traffic_bytes(sys_root: str) -> int:
-    """RDMA (InfiniBand/RoCE port data, counted in 4-byte words) plus NIC bytes, all ports, both ways."""
-    total = 0
-    ib = os.path.join(sys_root, "class", "infiniband", "*", "ports", "*", "counters")
-    for path in glob.glob(os.path.join(ib, "port_xmit_data")) + glob.glob(os.path.join(ib, "port_rcv_data")):
-        total += 4 * _read_int(path)
-    net = os.path.join(sys_root, "class", "net", "*", "statistics")
-    for path in glob.glob(os.path.join(net, "rx_bytes")) + glob.glob(os.path.join(net, "tx_bytes")):
-        if os.path.basename(os.path.dirname(os.path.dirname(path))) != "lo":
-            total += _read_int(path)
-    return total
-
-
-def _read_int(path: str) -> int:
-    try:
-        return int(read_text(path).strip() or 0)
-    except (OSError, ValueError):
-        return 0

@@ -22,6 +22,19 @@ refreshed by each finding it folds and clears by its own hold-down (the longest 
 folded), or by acknowledgement or reboot like any condition; it never clears because one folded
 component recovered. Tolerate-N counts all the occurrences a fold-over folded together, and reboot
 escalation applies to ordinary conditions only (a fold-over already takes the worst it folded).
+
+**One fault, two sources.** Some faults reach robustd twice: the driver prints an Xid to the kernel
+log and posts the same Xid as an NVML event (the kernel check and the GPU check both report
+`XID_<n>` on `gpu/<bus id>`). An occurrence from one source and one from another source on the same
+(component, code) within SAME_FAULT_WINDOW (10 s) are one occurrence: the second adds its evidence
+(`also_seen_by`) but no count, no tolerate-N step and no RAISED event. Sightings pair one to one,
+oldest first, and only across sources: two lines from the same source are two faults and both
+count. This lives here, in the policy's per-(component, code) state, because only the policy sees
+every source's findings for a condition, in arrival order, before it counts and raises: each check
+sees its own source only, and the engine merely forwards. 10 s because both copies come from one
+driver interrupt and arrive milliseconds apart, yet a kmsg reader that fell behind (a daemon
+restart, a stalled disk) may deliver its copy seconds late; a real repeat from the same source is
+never merged, however soon it comes.
 """
 
 from __future__ import annotations
@@ -44,6 +57,8 @@ FOLD_EXAMPLES = 3  # components (and, for the catch-all, codes) a fold-over name
 # (about 5 MB), after which `folded` stops growing and reads as a lower bound.
 MAX_FOLD_TRACKED = 65_536
 RECENT_KEYS_PER_CONDITION = 2  # occurrence histories kept, per allowed condition (cleared ones included)
+SAME_FAULT_WINDOW = 10.0  # seconds within which two sources' occurrences of one (component, code) are one fault
+MAX_SIGHTING_KEYS = 4096  # (component, code) pairs whose recent sightings are kept for pairing (oldest dropped)
 
 
 def fold_component(component: str) -> str:
@@ -69,16 +84,31 @@ class _Track:
 
 
 @dataclass
+class _Distinct:
+    """Distinct values a fold-over stands for, counted by hash; the first FOLD_EXAMPLES are named in its text."""
+
+    count: int = 0  # a lower bound once MAX_FOLD_TRACKED is spent
+    hashes: set[int] = field(default_factory=set)
+    examples: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return ", ".join(self.examples) + (", ..." if self.count > len(self.examples) else "")
+
+    @classmethod
+    def restored(cls, listed: str, count: str | None = None) -> _Distinct:
+        """From a committed condition's evidence: its examples, and the count it had reached."""
+        examples = [e for e in listed.split(", ") if e and e != "..."][:FOLD_EXAMPLES]
+        n = int(count) if count is not None and count.isdigit() else len(examples)
+        return cls(count=n, hashes={hash(x) for x in examples}, examples=examples)
+
+
+@dataclass
 class _Fold:
     """What a fold-over condition stands for, beyond the condition itself."""
 
     limit: str  # the cap that made it fold, e.g. "policy.max_conditions_per_code=64"
-    folded: int = 0  # distinct components folded (a lower bound once MAX_FOLD_TRACKED is spent)
-    hashes: set[int] = field(default_factory=set)
-    examples: list[str] = field(default_factory=list)
-    codes: list[str] = field(default_factory=list)  # the catch-all's examples of codes
-    ncodes: int = 0  # distinct codes the catch-all folded (counted by hash, within MAX_FOLD_TRACKED)
-    code_hashes: set[int] = field(default_factory=set)
+    components: _Distinct = field(default_factory=_Distinct)  # distinct components folded
+    codes: _Distinct = field(default_factory=_Distinct)  # the catch-all's distinct codes
     exact: bool = True
 
 
@@ -99,6 +129,8 @@ class Policy:
     _folds: dict[Key, _Fold] = field(default_factory=dict)
     _per_code: collections.Counter[str] = field(default_factory=collections.Counter)  # ordinary conditions
     _tracked: int = 0  # hashes held by all fold-overs together
+    # Occurrences of the last SAME_FAULT_WINDOW per key: (when, source, paired with another source's).
+    _sightings: dict[Key, collections.deque[list[Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Conditions carry the boot id bounded; comparing against the same form keeps reboots exact.
@@ -119,7 +151,8 @@ class Policy:
             meaning = self.meaning(c.code, c.severity, c.action)
             if is_fold_component(c.component):
                 meaning = replace(meaning, severity=c.severity, action=c.action, sticky=c.sticky, tolerate=None)
-                self._folds[c.key] = _restored_fold(c)
+                fold = self._folds[c.key] = _restored_fold(c)
+                self._tracked += len(fold.codes.hashes)  # released again when it clears
             else:
                 self._per_code[c.code] += 1
             self._tracks[c.key] = _Track(meaning=meaning, seen_at=max(c.last_seen, now), last_event_at=now,
@@ -169,6 +202,9 @@ class Policy:
     def tick(self, now: float) -> list[Event]:
         """Time passing: hold-downs expire, coalesced repeats go out, tolerated states escalate."""
         events: list[Event] = []
+        for key, sightings in list(self._sightings.items()):
+            if now - sightings[-1][0] > SAME_FAULT_WINDOW:
+                del self._sightings[key]
         for key, seen in list(self._recent.items()):  # occurrence history outlives a clear (flaps), not forever
             if key not in self.conditions and now - seen[-1] > RECENT_KEEP:
                 del self._recent[key]
@@ -204,6 +240,8 @@ class Policy:
         at = f.at if f.at is not None else now
         meaning = self.meaning(f.code, f.severity, f.action)
         is_state = f.kind is FindingKind.STATE
+        if not is_state and self._seen_by_another_source(key, source, now) and existing is not None:
+            return self._corroborate(key, existing, meaning, f.evidence, source, now)
         if existing is None:
             target = self._fold_target(key)
             if target is not None:
@@ -260,6 +298,38 @@ class Policy:
             t.dirty = True
         return None
 
+    # -- one fault, two sources ----------------------------------------------------------------
+    def _seen_by_another_source(self, key: Key, source: str, now: float) -> bool:
+        """Whether another source reported this occurrence within SAME_FAULT_WINDOW (that sighting is then
+        paired and pairs no more); else this one is recorded for a later source to pair with."""
+        sightings = self._sightings.pop(key, None) or collections.deque(maxlen=16)
+        while sightings and now - sightings[0][0] > SAME_FAULT_WINDOW:
+            sightings.popleft()
+        self._sightings[key] = sightings  # re-inserted: the dict runs from least to most recently used
+        for sighting in sightings:
+            if not sighting[2] and sighting[1] != source:
+                sighting[2] = True
+                return True
+        sightings.append([now, source, False])
+        if len(self._sightings) > MAX_SIGHTING_KEYS:
+            del self._sightings[next(iter(self._sightings))]
+        return False
+
+    def _corroborate(self, key: Key, existing: Condition, meaning: Meaning, evidence: Mapping[str, str],
+                     source: str, now: float) -> Event | None:
+        """A second source's report of an occurrence already counted: its evidence joins the condition (published
+        with the next coalesced UPDATED), a more drastic action takes effect; the count stays."""
+        t = self._tracks[key]
+        t.seen_at = now
+        added = {k: v for k, v in evidence.items() if k not in existing.evidence}
+        cond = replace(existing, evidence=bounds.evidence({**existing.evidence, **added, "also_seen_by": source}),
+                       action=max(existing.action, meaning.action))
+        self.conditions[key] = cond
+        if cond.action != existing.action:
+            return self._update(key, cond, now)
+        t.dirty = t.dirty or cond.evidence != existing.evidence
+        return None
+
     # -- folding -------------------------------------------------------------------------------
     def _fold_target(self, key: Key) -> Key | None:
         """None while `key` may have a condition of its own; else the fold-over that takes it."""
@@ -305,30 +375,28 @@ class Policy:
                             count=not is_state or new_component)
 
     def _remember_code(self, fold: _Fold, code: str) -> bool:
-        """Whether `code` is new to the catch-all (the first FOLD_EXAMPLES are named in its text)."""
-        h = hash(code)
-        if h in fold.code_hashes or self._tracked >= MAX_FOLD_TRACKED:
-            return False
-        fold.code_hashes.add(h)
-        self._tracked += 1
-        fold.ncodes += 1
-        if len(fold.codes) < FOLD_EXAMPLES:
-            fold.codes.append(code)
-        return True
+        """Whether `code` is new to the catch-all."""
+        return self._remember_in(fold.codes, code) is True
 
     def _remember(self, fold: _Fold, component: str) -> bool:
         """Whether `component` is new to `fold` (counted once however often it is folded)."""
-        h = hash(component)
-        if h in fold.hashes:
+        new = self._remember_in(fold.components, component)
+        if new is None:
+            fold.exact = False  # cannot tell new from seen any more: the count stays a lower bound
+        return new is True
+
+    def _remember_in(self, seen: _Distinct, value: str) -> bool | None:
+        """True: `value` is new to `seen` (now counted); False: seen before; None: the tracking budget is spent."""
+        h = hash(value)
+        if h in seen.hashes:
             return False
         if self._tracked >= MAX_FOLD_TRACKED:
-            fold.exact = False  # cannot tell new from seen any more: `folded` stays a lower bound
-            return False
-        fold.hashes.add(h)
+            return None
+        seen.hashes.add(h)
         self._tracked += 1
-        fold.folded += 1
-        if len(fold.examples) < FOLD_EXAMPLES:
-            fold.examples.append(component)
+        seen.count += 1
+        if len(seen.examples) < FOLD_EXAMPLES:
+            seen.examples.append(value)
         return True
 
     # -- shared --------------------------------------------------------------------------------
@@ -370,7 +438,7 @@ class Policy:
         self._tracks.pop(key, None)
         fold = self._folds.pop(key, None)
         if fold is not None:
-            self._tracked -= len(fold.hashes)
+            self._tracked -= len(fold.components.hashes) + len(fold.codes.hashes)
         else:
             self._per_code[key[1]] -= 1
             if self._per_code[key[1]] <= 0:
@@ -383,17 +451,18 @@ class Policy:
 def _fold_text(key: Key, fold: _Fold) -> tuple[str, dict[str, str]]:
     """A fold-over's message and evidence, from what it has folded so far."""
     component, code = key
-    n = f"{fold.folded}" if fold.exact else f"at least {fold.folded}"
-    examples = ", ".join(fold.examples) + (", ..." if fold.folded > len(fold.examples) else "")
+    folded = fold.components.count
+    n = f"{folded}" if fold.exact else f"at least {folded}"
+    examples = fold.components.text()
     if key == CATCH_ALL:
-        codes = ", ".join(fold.codes) + (", ..." if fold.ncodes > len(fold.codes) else "")
-        message = (f"{n} components over {fold.limit} folded here, with {fold.ncodes} codes ({codes}); "
+        codes = fold.codes.text()
+        message = (f"{n} components over {fold.limit} folded here, with {fold.codes.count} codes ({codes}); "
                    f"e.g. {examples}")
-        evidence = {"folded": str(fold.folded), "limit": fold.limit, "examples": examples, "codes": codes}
+        evidence = {"folded": str(folded), "limit": fold.limit, "examples": examples, "codes": codes}
     else:
         family = "components" if component == "*" else f"{component[:-2]} components"
         message = f"{n} more {family} with {code} than {fold.limit} allows, folded here; e.g. {examples}"
-        evidence = {"folded": str(fold.folded), "limit": fold.limit, "examples": examples}
+        evidence = {"folded": str(folded), "limit": fold.limit, "examples": examples}
     if not fold.exact:
         evidence["folded_exact"] = "false"
     return bounds.text(message, bounds.MAX_MESSAGE), evidence
@@ -401,9 +470,7 @@ def _fold_text(key: Key, fold: _Fold) -> tuple[str, dict[str, str]]:
 
 def _restored_fold(c: Condition) -> _Fold:
     """A fold-over from the event log: its count goes on from the committed one."""
-    folded = c.evidence.get("folded", "0")
-    examples = [e for e in c.evidence.get("examples", "").split(", ") if e and e != "..."]
-    codes = [x for x in c.evidence.get("codes", "").split(", ") if x and x != "..."]
-    return _Fold(limit=c.evidence.get("limit", ""), folded=int(folded) if folded.isdigit() else 0,
-                 examples=examples[:FOLD_EXAMPLES], codes=codes[:FOLD_EXAMPLES], ncodes=len(codes),
-                 code_hashes={hash(x) for x in codes})
+    components = _Distinct.restored(c.evidence.get("examples", ""), c.evidence.get("folded", "0"))
+    components.hashes = set()  # the committed examples are not re-counted: only the count goes on
+    return _Fold(limit=c.evidence.get("limit", ""), components=components,
+                 codes=_Distinct.restored(c.evidence.get("codes", "")))

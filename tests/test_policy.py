@@ -358,7 +358,7 @@ def test_huge_kernel_text_is_bounded_where_the_condition_is_made() -> None:
     assert sum(len(k) + len(v.encode()) for k, v in c.evidence.items()) <= bounds.MAX_EVIDENCE_BYTES
     assert c.evidence[bounds.TRUNCATED_ENTRIES] == str(1000 - 15)
     # The same huge finding again finds the same (bounded) condition.
-    p.apply([Finding(component="gpu/" + "\x00é" * 100_000, code="xid 13\n" * 1000)], "kernel", now=0.5)
+    p.apply([Finding(component="gpu/" + "\x00é" * 100_000, code="xid 13\n" * 1000)], "kernel" * 100, now=0.5)
     assert len(p.conditions) == 1 and p.conditions[c.key].count == 2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -17,19 +17,22 @@ EVENT_MAX_BYTES = bounds.MAX_CONDITION_BYTES + 64  # a bounded condition plus se
 
 
 def ts(seconds: float | None) -> Timestamp | None:
-    if seconds is None:
-        return None
-    t = Timestamp()
-    t.FromNanoseconds(int(seconds * 1e9))
-    return t
+    return _of_seconds(Timestamp(), seconds)
 
 
 def dur(seconds: float | None) -> Duration | None:
+    return _of_seconds(Duration(), seconds)
+
+
+_Time = TypeVar("_Time", Timestamp, Duration)
+
+
+def _of_seconds(message: _Time, seconds: float | None) -> _Time | None:
+    """`message` (a Timestamp or a Duration) set to `seconds`, to the nanosecond; None for None."""
     if seconds is None:
         return None
-    d = Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
+    message.FromNanoseconds(int(seconds * 1e9))
+    return message
 
 
 def condition(c: Condition) -> pb.Condition:
@@ -154,4 +157,4 @@ def check_info(st: CheckState) -> pb.CheckInfo:
         interval=None if watch else dur(cfg.interval), timeout=None if watch else dur(cfg.deadline),
         last_run=ts(st.last_run), last_duration=dur(st.last_duration),
         status=_STATUS[st.status], last_error=bounds.text(st.last_error, bounds.MAX_MESSAGE), runs=st.runs,
-        failures=st.failures)
+        failures=st.failures, note=bounds.text(st.check.note(), bounds.MAX_MESSAGE))

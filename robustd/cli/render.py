@@ -227,7 +227,7 @@ def checks_text(resp: pb.ListChecksResponse, now: float, width: int = DEFAULT_WI
         return "no checks"
     rows = [[c.name, "yes" if c.enabled else "no", c.mode or "-", duration(c.interval),
              short_enum(pb.CheckStatus, c.status), relative(c.last_run, now), duration(c.last_duration),
-             str(c.runs), str(c.failures), c.last_error] for c in resp.checks]
+             str(c.runs), str(c.failures), "; ".join(x for x in (c.last_error, c.note) if x)] for c in resp.checks]
     headers = ["NAME", "ENABLED", "MODE", "INTERVAL", "STATUS", "LAST RUN", "LAST DURATION", "RUNS", "FAILURES",
-               "LAST ERROR"]
+               "LAST ERROR / NOTE"]
     return table(headers, rows, width)

@@ -5,7 +5,11 @@
     robustctl sim set gpu 3 temperature 90            any GPU key (see `show --json`)
     robustctl sim fault gpu 3 lost|hang|vanish|ecc-dbe|remap-pending|remap-failure|hw-slowdown|
                               nvlink-down|nvlink-errors|pcie-width|pcie-replay|power-unreadable [--link L]
-    robustctl sim clear gpu 3                         undo GPU 3's faults (as a GPU reset would)
+    robustctl sim fault gpu 3 xid 79                  an NVML event (Xid critical error), as the driver sends it
+    robustctl sim fault gpu 3 retirement-failure|unavailable|poison    their NVML events (ecc-dbe sends one too)
+    robustctl sim fault gpu 3 recovery-action drain-and-reset          the recovery action field and its event
+    robustctl sim clear gpu 3                         undo GPU 3's faults, as a GPU reset would (and its
+                                                      undelivered events)
 
 `--state` defaults to $ROBUSTD_NVML_EMULATOR_STATE. Each edit is a locked read-modify-write and an
 atomic replace, so the emulator (which re-reads the file when it changes) never sees half a file.
@@ -43,6 +47,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     f.add_argument("what", choices=["gpu"])
     f.add_argument("index", type=int)
     f.add_argument("fault", choices=emu.FAULTS)
+    f.add_argument("value", nargs="?", default=None,
+                   help=f"xid: the Xid number; recovery-action: {'|'.join(emu.RECOVERY_ACTIONS)} (or 0-7)")
     f.add_argument("--link", type=int, default=0, help="NVLink for nvlink-down / nvlink-errors (default 0)")
     c = sub.add_parser("clear", help="undo one GPU's faults")
     c.add_argument("what", choices=["gpu"])
@@ -83,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
             emu.set_value(st, args.index, args.key, args.value)
             done = f"GPU {args.index} {args.key} = {args.value}"
         elif args.sim_command == "fault":
-            emu.apply_fault(st, args.index, args.fault, link=args.link)
-            done = f"GPU {args.index}: fault {args.fault} injected"
+            emu.apply_fault(st, args.index, args.fault, link=args.link, value=args.value)
+            done = f"GPU {args.index}: fault {args.fault}{'' if args.value is None else ' ' + args.value} injected"
         else:
             emu.clear(st, args.index)
             done = f"GPU {args.index}: faults cleared"

@@ -11,17 +11,28 @@
  * fault is cleared from the file, as a GPU that fell off the bus does), "vanish" (the GPU drops
  * out of the device count; its old handle reports GPU_IS_LOST). Metric faults are just values.
  * Calls robustd does not use are generated stubs returning NVML_ERROR_NOT_SUPPORTED (build.py).
+ *
+ * Events (nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2 / nvmlEventSetFree):
+ * the state file lists each GPU's recent events as `seq:type:data:time_ns` (written by
+ * `robustctl sim`). Whenever the file is re-read, events with a seq this process has not seen yet
+ * are handed to every event set that had registered that GPU and type *at the event's time*, as
+ * the driver does: nothing is queued for sets registered later. A GPU's `event_floor` (raised by
+ * `clear`) discards its events not yet delivered. A waiter looks at the file every EMU_EVENT_POLL_NS;
+ * while a GPU in the set has the "hang" fault the wait blocks past its timeout, as a hung driver does.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EMU_MAX_GPUS 16
 #define EMU_MAX_LINKS 18
@@ -29,6 +40,12 @@
 #define EMU_ERR_COUNTERS 5
 #define EMU_STR 96
 #define EMU_HANG_POLL_NS 20000000L /* 20 ms between looks at the state file while hung */
+#define EMU_MAX_EVENTS 64           /* events per GPU in the state file (the newest) */
+#define EMU_MAX_SETS 32             /* event sets alive at once */
+#define EMU_SET_QUEUE 256           /* undelivered events per set; more are dropped, as a full driver buffer */
+#define EMU_EVENT_BITS 16           /* nvmlEventType bits the emulator knows (0x1 .. 0x8000) */
+#define EMU_EVENT_POLL_NS 100000000L /* 100 ms: a waiter's look at the state file when inotify says nothing */
+#define EMU_EVENT_TYPES_ALL 0xfe9fULL /* nvmlEventTypeAll */
 
 _Static_assert(NVML_ERROR_NOT_SUPPORTED == 3, "stubs.c returns 3 for NOT_SUPPORTED");
 
@@ -49,6 +66,13 @@ struct emu_gpu {
     unsigned int proc_pid[EMU_MAX_PROCS];
     unsigned long long proc_mem[EMU_MAX_PROCS];
     int lost, hang, vanish;
+    unsigned long long event_types, event_floor;
+    unsigned int recovery_action;
+    unsigned int nevents;
+    struct emu_event {
+        unsigned long long seq, type, data;
+        long long time_ns;
+    } events[EMU_MAX_EVENTS];
 };
 
 struct emu_state {
@@ -62,12 +86,26 @@ struct nvmlDevice_st {
     unsigned int slot;
 };
 
+struct emu_queued {
+    unsigned int slot;
+    unsigned long long seq, type, data;
+};
+
+struct nvmlEventSet_st {
+    int used;
+    long long registered_at[EMU_MAX_GPUS][EMU_EVENT_BITS]; /* CLOCK_REALTIME ns; 0: not registered */
+    unsigned int head, count;
+    struct emu_queued queue[EMU_SET_QUEUE];
+};
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct emu_state state;
 static struct nvmlDevice_st handles[EMU_MAX_GPUS];
 static int init_count;
 static int have_state;
 static struct stat seen; /* identity of the file last read */
+static struct nvmlEventSet_st sets[EMU_MAX_SETS];
+static unsigned long long handed_seq; /* events up to this seq have been handed to the sets */
 
 /* ---- state file ------------------------------------------------------------------------- */
 
@@ -105,6 +143,11 @@ static void parse_list(struct emu_gpu *g, const char *key, const char *value) {
                 g->proc_pid[g->nprocs] = pid;
                 g->proc_mem[g->nprocs++] = mem;
             }
+        } else if (strcmp(key, "events") == 0) {
+            struct emu_event e = {0, 0, 0, 0};
+            if (sscanf(tok, "%llu:%llx:%llu:%lld", &e.seq, &e.type, &e.data, &e.time_ns) == 4 &&
+                g->nevents < EMU_MAX_EVENTS)
+                g->events[g->nevents++] = e;
         } else if (strcmp(key, "faults") == 0) {
             if (strcmp(tok, "lost") == 0) g->lost = 1;
             else if (strcmp(tok, "hang") == 0) g->hang = 1;
@@ -143,6 +186,9 @@ static void set_gpu_key(struct emu_gpu *g, const char *k, const char *v) {
     } else if (strcmp(k, "power_mw") == 0) g->power_mw = strtoll(v, NULL, 0);
     else if (strcmp(k, "utilization_gpu") == 0) g->util_gpu = (unsigned int)num(v);
     else if (strcmp(k, "utilization_memory") == 0) g->util_mem = (unsigned int)num(v);
+    else if (strcmp(k, "event_types") == 0) g->event_types = num(v);
+    else if (strcmp(k, "event_floor") == 0) g->event_floor = num(v);
+    else if (strcmp(k, "recovery_action") == 0) g->recovery_action = (unsigned int)num(v);
     else parse_list(g, k, v); /* nvlink_down, nvlink_errors, processes, faults; unknown keys ignored */
 }
 
@@ -164,6 +210,7 @@ static int read_state(const char *path, struct emu_state *out) {
         if (sscanf(s, "[gpu %u]", &idx) == 1) {
             if (out->ngpus >= EMU_MAX_GPUS) break;
             g = &out->gpus[out->ngpus++];
+            g->event_types = EMU_EVENT_TYPES_ALL;
             continue;
         }
         char *eq = strchr(s, '=');
@@ -179,6 +226,49 @@ static int read_state(const char *path, struct emu_state *out) {
     return 0;
 }
 
+static int event_bit(unsigned long long type) {
+    for (int b = 0; b < EMU_EVENT_BITS; b++)
+        if (type == (1ULL << b)) return b;
+    return -1;
+}
+
+/* With the lock held, after a read: hand new events to the sets registered for them when they
+ * happened, and drop queued events that `clear` discarded (seq at or below their GPU's floor). */
+static void hand_out_events_locked(int first_read) {
+    unsigned long long newest = handed_seq;
+    for (unsigned int i = 0; i < state.ngpus; i++) {
+        struct emu_gpu *g = &state.gpus[i];
+        for (unsigned int j = 0; j < g->nevents; j++) {
+            struct emu_event *e = &g->events[j];
+            if (e->seq > newest) newest = e->seq;
+            int bit = event_bit(e->type);
+            if (first_read || e->seq <= handed_seq || e->seq <= g->event_floor || bit < 0) continue;
+            for (int s = 0; s < EMU_MAX_SETS; s++) {
+                struct nvmlEventSet_st *set = &sets[s];
+                long long at = set->registered_at[i][bit];
+                if (!set->used || at == 0 || at > e->time_ns) continue;
+                if (set->count >= EMU_SET_QUEUE) continue; /* a full buffer loses the event */
+                set->queue[(set->head + set->count++) % EMU_SET_QUEUE] = (struct emu_queued){i, e->seq, e->type, e->data};
+            }
+        }
+    }
+    handed_seq = newest;
+    for (int s = 0; s < EMU_MAX_SETS; s++) {
+        struct nvmlEventSet_st *set = &sets[s];
+        if (!set->used || !set->count) continue;
+        unsigned int kept = 0;
+        struct emu_queued keep[EMU_SET_QUEUE];
+        for (unsigned int q = 0; q < set->count; q++) {
+            struct emu_queued *e = &set->queue[(set->head + q) % EMU_SET_QUEUE];
+            if (e->slot < state.ngpus && e->seq <= state.gpus[e->slot].event_floor) continue;
+            keep[kept++] = *e;
+        }
+        memcpy(set->queue, keep, kept * sizeof keep[0]);
+        set->head = 0;
+        set->count = kept;
+    }
+}
+
 /* With the lock held: re-read the file if it was replaced or changed since the last read. */
 static void refresh_locked(void) {
     const char *path = getenv("ROBUSTD_NVML_EMULATOR_STATE");
@@ -189,9 +279,11 @@ static void refresh_locked(void) {
         return;
     static struct emu_state fresh;
     if (read_state(path, &fresh) == 0) {
+        int first_read = !have_state && handed_seq == 0;
         state = fresh;
         seen = st;
         have_state = 1;
+        hand_out_events_locked(first_read); /* events already in the file at the first read are history */
     }
 }
 
@@ -511,4 +603,182 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
     }
     *infoCount = g->nprocs;
     return leave(NVML_SUCCESS);
+}
+
+/* ---- field values ----------------------------------------------------------------------- */
+
+/* Only the recovery action (what a GpuRecoveryAction event asks the reader to look up); every other
+ * field answers NOT_SUPPORTED in its own entry, as the driver does for fields a GPU lacks. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
+    ENTER(device, g);
+    if (valuesCount < 0 || (valuesCount && !values)) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (int i = 0; i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
+        v->latencyUsec = 0;
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+            v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            v->value.uiVal = g->recovery_action;
+            v->nvmlReturn = NVML_SUCCESS;
+        } else {
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+
+static long long realtime_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static long long monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* With the lock held: `set` if it is one of ours and alive, else NULL. */
+static struct nvmlEventSet_st *live_set(nvmlEventSet_t set) {
+    uintptr_t at = (uintptr_t)set, first = (uintptr_t)&sets[0];
+    if (at < first || at >= first + sizeof sets || (at - first) % sizeof sets[0]) return NULL;
+    return set->used ? set : NULL;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&lock);
+    if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+    refresh_locked(); /* events already in the file are history for the new set */
+    for (int i = 0; i < EMU_MAX_SETS; i++) {
+        if (!sets[i].used) {
+            memset(&sets[i], 0, sizeof sets[i]);
+            sets[i].used = 1;
+            *set = &sets[i];
+            return leave(NVML_SUCCESS);
+        }
+    }
+    return leave(NVML_ERROR_UNKNOWN);
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    pthread_mutex_lock(&lock);
+    if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+    struct nvmlEventSet_st *s = live_set(set);
+    if (!s) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    s->used = 0;
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes) {
+    ENTER(device, g);
+    if (!eventTypes) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *eventTypes = g->event_types & EMU_EVENT_TYPES_ALL;
+    return leave(NVML_SUCCESS);
+}
+
+/* Types the GPU does not support: NOT_SUPPORTED and none registered (the set stays usable). */
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes, nvmlEventSet_t set) {
+    ENTER(device, g);
+    struct nvmlEventSet_st *s = live_set(set);
+    if (!s || (eventTypes & ~EMU_EVENT_TYPES_ALL)) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!eventTypes || (eventTypes & ~g->event_types)) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int slot = (unsigned int)(g - state.gpus);
+    long long now = realtime_ns();
+    for (int b = 0; b < EMU_EVENT_BITS; b++)
+        if ((eventTypes & (1ULL << b)) && !s->registered_at[slot][b]) s->registered_at[slot][b] = now;
+    return leave(NVML_SUCCESS);
+}
+
+/* With the lock held: whether a GPU registered in `s` has the "hang" fault (then the wait blocks). */
+static int set_hung_locked(struct nvmlEventSet_st *s) {
+    for (unsigned int i = 0; i < state.ngpus; i++) {
+        if (!state.gpus[i].hang) continue;
+        for (int b = 0; b < EMU_EVENT_BITS; b++)
+            if (s->registered_at[i][b]) return 1;
+    }
+    return 0;
+}
+
+/* A descriptor that turns readable when the state file is replaced or rewritten (inotify on its
+ * directory: the simulator renames a new file over the old one), or -1 where inotify is not there.
+ * A waiter sleeps on it instead of polling the file, so an event reaches it as soon as `robustctl sim`
+ * writes it, and an idle waiter costs nothing. */
+static int state_watch_open(void) {
+    const char *path = getenv("ROBUSTD_NVML_EMULATOR_STATE");
+    if (!path) return -1;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) slash[1] = '\0';
+    else *slash = '\0';
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0) return -1;
+    if (inotify_add_watch(fd, dir, IN_MOVED_TO | IN_CLOSE_WRITE | IN_CREATE) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Sleep at most `ns`, waking early when the state file changes. */
+static void state_watch_wait(int fd, long long ns) {
+    if (ns <= 0) return;
+    if (fd < 0) {
+        struct timespec ts = {ns / 1000000000LL, ns % 1000000000LL};
+        nanosleep(&ts, NULL);
+        return;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    if (poll(&p, 1, (int)((ns + 999999) / 1000000)) > 0) {
+        char buf[4096];
+        while (read(fd, buf, sizeof buf) > 0) {
+        }
+    }
+}
+
+static nvmlReturn_t wait_events(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms, int watch) {
+    long long deadline = monotonic_ns() + (long long)timeoutms * 1000000LL;
+    for (;;) {
+        pthread_mutex_lock(&lock);
+        if (init_count <= 0) return leave(NVML_ERROR_UNINITIALIZED);
+        struct nvmlEventSet_st *s = live_set(set);
+        if (!s) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        refresh_locked();
+        int hung = set_hung_locked(s);
+        if (!hung && s->count) {
+            struct emu_queued e = s->queue[s->head];
+            s->head = (s->head + 1) % EMU_SET_QUEUE;
+            s->count--;
+            memset(data, 0, sizeof *data);
+            data->device = &handles[e.slot];
+            data->eventType = e.type;
+            data->eventData = e.type == nvmlEventTypeXidCriticalError ? e.data : 0;
+            data->gpuInstanceId = 0xFFFFFFFFu;
+            data->computeInstanceId = 0xFFFFFFFFu;
+            return leave(NVML_SUCCESS);
+        }
+        pthread_mutex_unlock(&lock);
+        long long left = deadline - monotonic_ns();
+        if (!hung && left <= 0) return NVML_ERROR_TIMEOUT;
+        state_watch_wait(watch, hung ? EMU_HANG_POLL_NS : (left < EMU_EVENT_POLL_NS ? left : EMU_EVENT_POLL_NS));
+    }
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    if (!data) return NVML_ERROR_INVALID_ARGUMENT;
+    int watch = state_watch_open(); /* before the first look at the file: no change slips between */
+    nvmlReturn_t r = wait_events(set, data, timeoutms, watch);
+    if (watch >= 0) close(watch);
+    return r;
+}
+
+nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    return nvmlEventSetWait_v2(set, data, timeoutms);
 }

@@ -20,10 +20,19 @@ Format (text, one `key = value` a line, `#` comments; numbers may be hex with 0x
     nvlink_errors = 3:2:12        # link:counter:value (counter = nvmlNvLinkErrorCounter_t)
     processes = 4242:1073741824   # pid:used bytes, the compute processes
     faults = lost,hang            # lost | hang | vanish act in C; the rest are recorded here
+    event_types = 0xfe9f          # nvmlDeviceGetSupportedEventTypes (0: this GPU supports no events)
+    recovery_action = 0           # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t)
+    events = 7:0x8:79:1700000000000000000   # seq:type:data:time_ns, the GPU's newest EVENTS_KEPT events
+    event_floor = 0               # events at or below this seq are discarded (`clear`)
 
 `lost`, `hang` and `vanish` are interpreted by the emulator. The metric faults (ecc-dbe,
 remap-pending, ...) are applied by `apply_fault` as changes to the metrics themselves and
 recorded in `faults` so that `clear` can undo them.
+
+Event faults (xid, unavailable, retirement-failure, poison, recovery-action; ecc-dbe too) append
+an event with the next `event_seq` (top level) and the wall-clock time. The emulator hands each
+new event to the event sets that had registered that GPU and type by then, never to later ones,
+and `clear` raises the GPU's `event_floor` so its undelivered events are dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field, fields
 
@@ -46,8 +56,23 @@ REASON_HW_POWER_BRAKE = 0x80
 HEALTHY_TEMPERATURE = 35
 IDLE_POWER_MW = 72_000
 
+# nvmlEventType bits (nvml.h)
+EVENT_DBE = 0x2
+EVENT_XID = 0x8
+EVENT_DRAM_RETIREMENT_FAILURE = 0x800
+EVENT_FATAL_POISON = 0x2000
+EVENT_GPU_UNAVAILABLE = 0x4000
+EVENT_GPU_RECOVERY_ACTION = 0x8000
+EVENT_TYPES_ALL = 0xFE9F  # nvmlEventTypeAll: what an emulated GPU supports unless told otherwise
+EVENTS_KEPT = 64  # per GPU in the file (the emulator's EMU_MAX_EVENTS)
+# nvmlDeviceGpuRecoveryAction_t, by the names `robustctl sim fault gpu N recovery-action NAME` takes
+RECOVERY_ACTIONS = {"none": 0, "gpu-reset": 1, "node-reboot": 2, "drain-p2p": 3, "drain-and-reset": 4,
+                    "recover-imex-domain": 5, "bus-reset": 6, "system-reboot": 7}
+
 FAULTS = ("lost", "hang", "vanish", "ecc-dbe", "remap-pending", "remap-failure", "hw-slowdown",
-          "nvlink-down", "nvlink-errors", "pcie-width", "pcie-replay", "power-unreadable")
+          "nvlink-down", "nvlink-errors", "pcie-width", "pcie-replay", "power-unreadable",
+          "xid", "retirement-failure", "unavailable", "poison", "recovery-action")
+FAULTS_WITH_VALUE = {"xid": "XID", "recovery-action": "ACTION"}  # `fault gpu N xid 79`
 # DGX H100 GPU bus numbers; GPUs beyond eight get made-up ones.
 _DGX_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
 
@@ -85,6 +110,10 @@ class GpuState:
     utilization_memory: int = 0
     processes: str = ""
     faults: str = ""
+    event_types: int = EVENT_TYPES_ALL
+    recovery_action: int = 0
+    events: str = ""
+    event_floor: int = 0
 
     @property
     def fault_list(self) -> list[str]:
@@ -96,11 +125,14 @@ class EmulatorState:
     driver_version: str = "550.54.15"
     nvml_version: str = "12.550.54.15"
     init_error: int = 0
+    event_seq: int = 0  # the last event's seq (events are numbered across GPUs)
     gpus: list[GpuState] = field(default_factory=list)
 
 
 _GPU_FIELDS = {f.name: f.type for f in fields(GpuState)}
-_TOP_FIELDS = {"driver_version": "str", "nvml_version": "str", "init_error": "int"}
+_TOP_FIELDS = {"driver_version": "str", "nvml_version": "str", "init_error": "int", "event_seq": "int"}
+_NOT_SETTABLE = ("faults", "events", "event_floor")  # changed by fault and clear only
+_HEX_FIELDS = ("pci_device_id", "clocks_event_reasons", "event_types")
 
 
 def healthy_gpu(index: int) -> GpuState:
@@ -120,12 +152,12 @@ def healthy_node(gpus: int) -> EmulatorState:
 def dumps(state: EmulatorState) -> str:
     lines = ["# robustd NVML emulator state; edit with `robustctl sim`, read by libnvidia-ml.so.1 (emulated)",
              f"driver_version = {state.driver_version}", f"nvml_version = {state.nvml_version}",
-             f"init_error = {state.init_error}"]
+             f"init_error = {state.init_error}", f"event_seq = {state.event_seq}"]
     for i, gpu in enumerate(state.gpus):
         lines.append(f"[gpu {i}]")
         for name in _GPU_FIELDS:
             value = getattr(gpu, name)
-            lines.append(f"{name} = {hex(value) if name in ('pci_device_id', 'clocks_event_reasons') else value}")
+            lines.append(f"{name} = {hex(value) if name in _HEX_FIELDS else value}")
     return "\n".join(lines) + "\n"
 
 
@@ -189,8 +221,9 @@ def set_value(state: EmulatorState, index: int, key: str, value: str) -> None:
     """Set one metric of one GPU (`temperature`, `utilization_gpu`, ...); dashes read as underscores."""
     key = key.replace("-", "_")
     gpu = _gpu(state, index)
-    if key not in _GPU_FIELDS or key == "faults":
-        raise ValueError(f"unknown GPU key {key!r} (known: {', '.join(k for k in _GPU_FIELDS if k != 'faults')})")
+    if key not in _GPU_FIELDS or key in _NOT_SETTABLE:
+        known = ", ".join(k for k in _GPU_FIELDS if k not in _NOT_SETTABLE)
+        raise ValueError(f"unknown GPU key {key!r} (known: {known})")
     if _GPU_FIELDS[key] == "int":
         try:
             setattr(gpu, key, int(value, 0))
@@ -204,14 +237,75 @@ def _links(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def apply_fault(state: EmulatorState, index: int, fault: str, link: int = 0) -> None:
-    """Inject one fault into GPU `index`; metric faults change the metrics a real fault would."""
+def push_event(state: EmulatorState, index: int, event_type: int, data: int = 0) -> int:
+    """Record one NVML event on GPU `index` now; returns its seq. The emulator delivers it to the
+    event sets registered for it at this moment (and to no set registered later)."""
+    gpu = _gpu(state, index)
+    state.event_seq += 1
+    entries = [e for e in gpu.events.split(",") if e][-(EVENTS_KEPT - 1):]
+    gpu.events = ",".join([*entries, f"{state.event_seq}:{event_type:#x}:{data}:{time.time_ns()}"])
+    return state.event_seq
+
+
+def recovery_action(value: str) -> int:
+    """`gpu-reset`, `node_reboot`, `2` -> the nvmlDeviceGpuRecoveryAction_t value."""
+    name = value.strip().lower().replace("_", "-")
+    if name in RECOVERY_ACTIONS:
+        return RECOVERY_ACTIONS[name]
+    try:
+        number = int(name, 0)
+    except ValueError:
+        number = -1
+    if number not in RECOVERY_ACTIONS.values():
+        raise ValueError(f"unknown recovery action {value!r} (known: {', '.join(RECOVERY_ACTIONS)}, or 0-7)")
+    return number
+
+
+def _event_fault(state: EmulatorState, index: int, fault: str, value: str | None) -> str:
+    """The event faults: each pushes its NVML event (and changes what a real one changes). Returns the
+    name the fault is recorded under."""
+    gpu = _gpu(state, index)
+    if fault == "xid":
+        try:
+            xid = int(value or "", 0)
+        except ValueError:
+            raise ValueError(f"fault xid needs an Xid number (e.g. `xid 79`), got {value!r}") from None
+        if not 0 < xid < 10_000:
+            raise ValueError(f"an Xid is 1-9999, not {xid}")
+        push_event(state, index, EVENT_XID, xid)
+        return f"xid{xid}"
+    if fault == "recovery-action":
+        action = recovery_action(value or "")
+        gpu.recovery_action = action
+        push_event(state, index, EVENT_GPU_RECOVERY_ACTION)  # eventData 0: the reader looks the field up
+        return f"recovery-action{action}"
+    if fault == "retirement-failure":
+        gpu.remap_failure = 1
+        push_event(state, index, EVENT_DRAM_RETIREMENT_FAILURE)
+    elif fault == "unavailable":
+        push_event(state, index, EVENT_GPU_UNAVAILABLE)
+        return "lost"  # the GPU is gone: its calls answer GPU_IS_LOST from now on
+    elif fault == "poison":
+        push_event(state, index, EVENT_FATAL_POISON)
+    return fault
+
+
+def apply_fault(state: EmulatorState, index: int, fault: str, link: int = 0, value: str | None = None) -> None:
+    """Inject one fault into GPU `index`; metric faults change the metrics a real fault would, event
+    faults also push the NVML event the driver sends (`value`: the Xid, or the recovery action)."""
     gpu = _gpu(state, index)
     if fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r} (known: {', '.join(FAULTS)})")
-    if fault == "ecc-dbe":
+    if fault in FAULTS_WITH_VALUE and value is None:
+        raise ValueError(f"fault {fault} needs a value: `{fault} {FAULTS_WITH_VALUE[fault]}`")
+    if fault not in FAULTS_WITH_VALUE and value is not None:
+        raise ValueError(f"fault {fault} takes no value (got {value!r})")
+    if fault in ("xid", "retirement-failure", "unavailable", "poison", "recovery-action"):
+        fault = _event_fault(state, index, fault, value)
+    elif fault == "ecc-dbe":
         gpu.ecc_dbe_volatile += 1
         gpu.ecc_dbe_aggregate += 1
+        push_event(state, index, EVENT_DBE)
     elif fault == "remap-pending":
         gpu.remap_uncorrectable += 1
         gpu.remap_pending = 1
@@ -242,10 +336,14 @@ def clear(state: EmulatorState, index: int) -> None:
     """Undo GPU `index`'s faults as a GPU reset would: volatile ECC, pending remaps, links, width.
 
     Aggregate counters (lifetime ECC, remapped rows, replays, NVLink errors) stay, as on hardware;
-    the temperature goes back to an idle GPU's.
+    the temperature goes back to an idle GPU's. Events not yet delivered are discarded, and the
+    recovery action goes back to none.
     """
     gpu = _gpu(state, index)
     gpu.faults = ""
+    gpu.events = ""
+    gpu.event_floor = state.event_seq
+    gpu.recovery_action = 0
     gpu.ecc_dbe_volatile = gpu.ecc_sbe_volatile = 0
     gpu.remap_pending = gpu.remap_failure = 0
     gpu.clocks_event_reasons &= ~(REASON_HW_SLOWDOWN | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE)

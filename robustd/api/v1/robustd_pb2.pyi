@@ -217,7 +217,7 @@ class ListChecksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CheckInfo(_message.Message):
-    __slots__ = ("name", "enabled", "mode", "interval", "timeout", "last_run", "last_duration", "status", "last_error", "runs", "failures")
+    __slots__ = ("name", "enabled", "mode", "interval", "timeout", "last_run", "last_duration", "status", "last_error", "runs", "failures", "note")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class CheckInfo(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
     name: str
     enabled: bool
     mode: str
@@ -240,7 +241,8 @@ class CheckInfo(_message.Message):
     last_error: str
     runs: int
     failures: int
-    def __init__(self, name: _Optional[str] = ..., enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_run: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., status: _Optional[_Union[CheckStatus, str]] = ..., last_error: _Optional[str] = ..., runs: _Optional[int] = ..., failures: _Optional[int] = ...) -> None: ...
+    note: str
+    def __init__(self, name: _Optional[str] = ..., enabled: _Optional[bool] = ..., mode: _Optional[str] = ..., interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., last_run: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., status: _Optional[_Union[CheckStatus, str]] = ..., last_error: _Optional[str] = ..., runs: _Optional[int] = ..., failures: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ListChecksResponse(_message.Message):
     __slots__ = ("checks",)
