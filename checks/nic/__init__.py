@@ -216,20 +216,22 @@ class NicCheck(Check):
         now = time.monotonic()
         if self._loop is not None and self._tracker is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._on_snapshot, links, now)
-        sysfs = cfg.sysfs_root or ctx.roots.sys
-        traffic = {f"nic/{o.ifname}": o.stats.get("rx_bytes", 0) + o.stats.get("tx_bytes", 0)
-                   for o in links if o.ifname != "lo"}
-        traffic.update(ib_bytes(cfg.ib_root or os.path.join(sysfs, "class", "infiniband")))
-        self._snapshot = TrafficSnapshot(at=now, links=traffic)  # replaced whole: readers never see half of one
         watched = self._tracker.watched if self._tracker else (lambda _: False)
         out: list[Finding] = []
         for o in links:
             if watched(o.ifname):
                 out += self._counters_of(cfg, o, now)
                 out += self._speed_of(cfg, ctx, o)
+        traffic = {f"nic/{o.ifname}": o.stats.get("rx_bytes", 0) + o.stats.get("tx_bytes", 0)
+                   for o in links if o.ifname != "lo"}
         if self._ib is not None:
             with self._lock:
                 out += self._ib.poll(now)
+                traffic.update(self._ib.data_totals())  # the counters that poll read, not a second read
+        else:
+            sysfs = cfg.sysfs_root or ctx.roots.sys
+            traffic.update(ib_bytes(cfg.ib_root or os.path.join(sysfs, "class", "infiniband")))
+        self._snapshot = TrafficSnapshot(at=now, links=traffic)  # replaced whole: readers never see half of one
         return out
 
     def _counters_of(self, cfg: NicConfig, o: LinkObs, now: float) -> list[Finding]:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from checks.counters import RateWindow
 from checks.sysfs import read_text
 from robustd.model import Finding, FindingKind
+from robustd.traffic import IB_WORD
 
 IB_ACTIVE = 4  # `state`: "4: ACTIVE"
 PHYS_LINKUP = 5  # `phys_state`: "5: LinkUp"
@@ -113,6 +114,7 @@ class IbPorts:
         self.error_rate = error_rate
         self.rate_window = rate_window
         self.ports: dict[str, _Port] = {}  # "dev/port" → state
+        self.data_bytes: dict[str, int] = {}  # "dev/port" → bytes both ways at the last poll (watched ports)
         self.traffic: dict[str, tuple[float, float]] = {}  # component → (tx, rx) bytes/s
 
     def _present(self) -> list[str]:
@@ -141,6 +143,24 @@ class IbPorts:
             except (OSError, ValueError):
                 continue
 
+    def data_totals(self) -> dict[str, int]:
+        """ib/<dev>/<port> → bytes both ways, every port present: the watched ones as this poll read them,
+        the others read now (two files each), so a snapshot never reads a watched port twice."""
+        out: dict[str, int] = {}
+        for key in self._present():
+            if key in self.ports and key in self.data_bytes:
+                out[f"ib/{key}"] = self.data_bytes[key]
+                continue
+            counters = os.path.join(self._path(key), "counters")
+            total = 0
+            for name in DATA_COUNTERS:
+                try:
+                    total += parse_counter(read_text(os.path.join(counters, name)))
+                except (OSError, ValueError):
+                    continue
+            out[f"ib/{key}"] = IB_WORD * total
+        return out
+
     def _path(self, key: str) -> str:
         dev, port = key.split("/", 1)
         return os.path.join(self.root, dev, "ports", port)
@@ -155,7 +175,9 @@ class IbPorts:
             comp = f"ib/{key}"
             try:
                 r = read_port(self._path(key))
+                self.data_bytes[key] = IB_WORD * sum(r.counters.get(c, 0) for c in DATA_COUNTERS)
             except FileNotFoundError:
+                self.data_bytes.pop(key, None)
                 out.append(Finding(comp, "IB_PORT_DOWN", f"IB port {key} is gone from sysfs",
                                    {"state": "absent"}, FindingKind.STATE))
                 st.windows.clear()
@@ -199,5 +221,5 @@ class IbPorts:
             out.append(Finding(comp, "IB_ERRORS_RISING", f"IB port {key} error counters rising: "
                                + ", ".join(f"{k} {v}" for k, v in rising.items()), rising, FindingKind.STATE))
         tx, rx = (st.windows.get(n) for n in DATA_COUNTERS)
-        self.traffic[comp] = ((tx.rate() or 0.0) * 4 if tx else 0.0, (rx.rate() or 0.0) * 4 if rx else 0.0)
+        self.traffic[comp] = ((tx.rate() or 0.0) * IB_WORD if tx else 0.0, (rx.rate() or 0.0) * IB_WORD if rx else 0.0)
         return out

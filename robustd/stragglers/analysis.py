@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from robustd.stragglers import graph as graphmod
-from robustd.stragglers import whatif
+import robustd.stragglers.graph as graphmod
+import robustd.stragglers.whatif as whatif
 from robustd.stragglers.graph import CATEGORIES, Graph
 from robustd.stragglers.optrace import OpTrace, OpTraceError
 
