@@ -36,9 +36,8 @@ def triage(logs: Sequence[LogText], exit_code: int | None = None, signal: str | 
     rules = rules or shipped()
     sig = exit_signal(exit_code, signal)
     partial = tuple(log.name for log in logs[:MAX_LOGS] if not log.whole)
-    if succeeded(exit_code, sig):
-        return judge([], partial, exit_code, sig, rules, bool(logs))
-    hits = [h for i, log in enumerate(logs[:MAX_LOGS]) for h in scan(log, i, rules)]
+    hits = [] if succeeded(exit_code, sig) else [h for i, log in enumerate(logs[:MAX_LOGS])
+                                                 for h in scan(log, i, rules)]
     return judge(hits, partial, exit_code, sig, rules, bool(logs))
 
 
@@ -93,10 +92,11 @@ def _evidence(root: Hit, same: list[Hit]) -> tuple[Evidence, ...]:
     out += [Evidence(root.name, line, _clip(text), offset, root.rank, root.rule) for line, offset, text in root.extra]
     # Then the same class elsewhere: one line per (log, rank) first, so that every rank shows, then more.
     seen = {(root.log, root.rank)}
-    ordered = same
-    first = [h for h in ordered if (h.log, h.rank) not in seen and not seen.add((h.log, h.rank))]  # type: ignore[func-returns-value]
-    chosen = {id(h) for h in first}
-    rest = [h for h in ordered if id(h) not in chosen]
+    first: list[Hit] = []
+    rest: list[Hit] = []
+    for h in same:
+        (rest if (h.log, h.rank) in seen else first).append(h)
+        seen.add((h.log, h.rank))
     for h in first + rest:
         if len(out) >= MAX_EVIDENCE:
             break
@@ -122,11 +122,8 @@ def _answer(root: Hit, tiered: list[Hit], hits: list[Hit], partial: tuple[str, .
     if later:
         classes = ", ".join(sorted({h.klass for h in later}))
         reason += f"; {len(later)} other failure line{'s' if len(later) != 1 else ''} ({classes}) judged consequences"
-    status = f"exit {exit_code}" if exit_code is not None else ""
-    if sig:
-        status = f"{status}, {sig}" if status else sig
-    if status:
-        reason += f"; job {status}"
+    if exit_code is not None or sig:
+        reason += f"; job {_status(exit_code, sig)}"
     return Triage(klass=root.klass, infra=root.infra, next=root.next,
                   level=root.level if root.next == "diagnose" else None, evidence=_evidence(root, same),
                   ranks=tuple(ranks), reason=reason, partial=partial)
@@ -139,8 +136,11 @@ def _no_evidence(rules: RuleSet, exit_code: int | None, sig: str | None, partial
         return Triage("unknown", "unlikely", "none", reason=f"{seen}; stopped by {sig} from outside "
                       "(scancel, a time limit, preemption)", partial=partial)
     spec = rules.classes["unknown"]
-    status = f"exit {exit_code}" if exit_code is not None else "exit status unknown"
-    if sig:
-        status += f", {sig}"
     return Triage("unknown", spec.infra, spec.next, level=spec.level if spec.next == "diagnose" else None,
-                  reason=f"{seen}; {status}", partial=partial)
+                  reason=f"{seen}; {_status(exit_code, sig, unknown='exit status unknown')}", partial=partial)
+
+
+def _status(exit_code: int | None, sig: str | None, unknown: str = "") -> str:
+    """`exit 1`, `exit 137, SIGKILL`, `SIGKILL`; `unknown` when neither is known."""
+    code = f"exit {exit_code}" if exit_code is not None else unknown
+    return ", ".join(part for part in (code, sig) if part)

@@ -17,9 +17,22 @@ def read_log(path: str, tail: int = MAX_LOG_BYTES, name: str | None = None) -> L
     if tail <= 0:
         raise ValueError("tail must be positive")
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        start = max(0, size - tail) if size else 0
-        if start:
-            f.seek(start)
-        data = f.read(tail)
-    return LogText(name=(name or path)[:MAX_NAME], data=data, offset=start, whole=start == 0)
+        return read_tail(f.fileno(), tail, name or path)
+
+
+def read_tail(fd: int, tail: int, name: str) -> LogText:
+    """The last `tail` bytes of the regular file open on `fd` (left open), as log `name`.
+
+    For callers that must open the file their own way (the Slurm epilog opens a job's log as root
+    only through a checked O_PATH descriptor).
+    """
+    size = os.fstat(fd).st_size
+    start = max(0, size - tail)
+    chunks, pos = [], start
+    while pos < start + tail:
+        chunk = os.pread(fd, start + tail - pos, pos)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        pos += len(chunk)
+    return LogText(name=name[:MAX_NAME], data=b"".join(chunks), offset=start, whole=start == 0)

@@ -114,33 +114,29 @@ class LogScan:
 
     # --- failure lines -----------------------------------------------------------------------
 
-    def candidate_lines(self) -> dict[int, set[bytes]]:
-        """Start of every line holding a gate (or a traceback header) -> the gates it holds."""
-        found: dict[int, set[bytes]] = {}
+    def candidate_lines(self) -> tuple[list[int], list[int]]:
+        """(starts of the lines holding a gate, starts of the lines holding a traceback header), in order."""
+        gated: set[int] = set()
+        tracebacks: set[int] = set()
         for gate in (*self.rules.gates, TRACEBACK):
+            into = tracebacks if gate is TRACEBACK else gated
             i = self.data.find(gate, self.start)
             n = 0
             while i != -1 and n < (MAX_TRACEBACKS if gate is TRACEBACK else MAX_LINES_PER_GATE):
-                ls = self.line_start(i)
-                found.setdefault(ls, set()).add(gate)
+                into.add(self.line_start(i))
                 n += 1
                 i = self.data.find(gate, self.line_end(i))
-        return found
+        return sorted(gated), sorted(tracebacks)
 
     def hits(self) -> list[Hit]:
         out: list[Hit] = []
         claimed: set[int] = set()
-        tracebacks: list[int] = []
-        for ls, gates in sorted(self.candidate_lines().items()):
-            if TRACEBACK in gates:
-                tracebacks.append(ls)
-                gates = gates - {TRACEBACK}
-            if not gates:
-                continue
-            prefix, prank, body, _ = self.parts(ls)
+        gated, tracebacks = self.candidate_lines()
+        for ls in gated:
+            prefix, _, body, _ = self.parts(ls)
             rule = self.rules.claim(body)
             if rule is None:
-                bare = self._bare_exception(ls, body)
+                bare = self._bare_exception(ls, prefix, body)
                 if bare is not None:
                     out.append(bare)
                 continue
@@ -156,18 +152,26 @@ class LogScan:
                 out.append(hit)
         return [h for h in out if h.rule != "python-exception" or h.offset - self.log.offset not in judged]
 
+    def _found(self, at: int, body: bytes, prefix: bytes, stamped: tuple[int, bytes], *, klass: str, tier: str,
+               priority: int, infra: str, next: str, level: str | None, description: str, rule: str) -> Hit:
+        """A failure line at `at`: where it is, who printed it, and when (the timestamp of `stamped`,
+        (line start, body), or of the nearest earlier line printed under `prefix`)."""
+        rank, weight = self.rank(at, body)
+        return Hit(klass=klass, tier=tier, priority=priority, infra=infra, next=next, level=level,
+                   description=description, rule=rule, log=self.index, name=self.log.name, line=self.line_no(at),
+                   offset=self.log.offset + at, text=self.text(at), rank=rank, rank_weight=weight,
+                   ts=self.stamp_at(stamped[0], prefix, stamped[1]))
+
     def _hit(self, rule: Rule, ls: int, prefix: bytes, body: bytes) -> Hit:
-        rank, weight = self.rank(ls, body)
-        return Hit(klass=rule.klass, tier=rule.tier, priority=rule.priority, infra=rule.infra, next=rule.next,
-                   level=rule.level, description=rule.description, rule=rule.name, log=self.index,
-                   name=self.log.name, line=self.line_no(ls), offset=self.log.offset + ls, text=self.text(ls),
-                   rank=rank, rank_weight=weight, ts=self.stamp_at(ls, prefix, body))
+        return self._found(ls, body, prefix, (ls, body), klass=rule.klass, tier=rule.tier, priority=rule.priority,
+                           infra=rule.infra, next=rule.next, level=rule.level, description=rule.description,
+                           rule=rule.name)
 
     def text(self, ls: int) -> bytes:
         """The whole line as printed (prefix included, colours removed), for evidence."""
         return clean(self.data[ls:min(self.line_end(ls), ls + MAX_LINE)])
 
-    def _bare_exception(self, ls: int, body: bytes) -> Hit | None:
+    def _bare_exception(self, ls: int, prefix: bytes, body: bytes) -> Hit | None:
         """`SomeError: message` on a line of its own, no rule claiming it: weak evidence of user code.
 
         Its traceback may be cut off (an excerpt, a tail) or printed elsewhere; a symptom of low
@@ -180,13 +184,10 @@ class LogScan:
         kind = m.group(1).rsplit(b".", 1)[-1].decode("ascii")
         if kind in self.rules.not_user_code:
             return None
-        rank, weight = self.rank(ls, body)
-        prefix = self.parts(ls)[0]
-        return Hit(klass="user_code", tier="symptom", priority=BARE_EXCEPTION_PRIORITY,
-                   infra=self.rules.classes["user_code"].infra, next=self.rules.classes["user_code"].next, level=None,
-                   description=f"{kind} raised (its traceback is not in the logs)", rule="python-exception",
-                   log=self.index, name=self.log.name, line=self.line_no(ls), offset=self.log.offset + ls,
-                   text=self.text(ls), rank=rank, rank_weight=weight, ts=self.stamp_at(ls, prefix, body))
+        spec = self.rules.classes["user_code"]
+        return self._found(ls, body, prefix, (ls, body), klass="user_code", tier="symptom",
+                           priority=BARE_EXCEPTION_PRIORITY, infra=spec.infra, next=spec.next, level=None,
+                           description=f"{kind} raised (its traceback is not in the logs)", rule="python-exception")
 
     def _headless(self) -> int | None:
         """-1 when the log begins inside a traceback (its header cut off by the tail): frames first."""
@@ -246,13 +247,10 @@ class LogScan:
             return None
         tier = "context" if self._lines_after(at, prefix) >= self.rules.handled_after else "cause"
         spec = self.rules.classes["user_code"]
-        rank, weight = self.rank(at, body)
-        hit = Hit(klass="user_code", tier=tier, priority=spec.priority, infra=spec.infra, next=spec.next,
-                  level=None, description=f"{kind} raised in the job's code" if tier == "cause"
-                  else f"{kind} raised and handled (the job printed more after it)",
-                  rule="python-traceback", log=self.index, name=self.log.name, line=self.line_no(at),
-                  offset=self.log.offset + at, text=self.text(at), rank=rank, rank_weight=weight,
-                  ts=self.stamp_at(max(ls, self.start), prefix, head))
+        hit = self._found(at, body, prefix, (max(ls, self.start), head), klass="user_code", tier=tier,
+                          priority=spec.priority, infra=spec.infra, next=spec.next, level=None,
+                          description=f"{kind} raised in the job's code" if tier == "cause"
+                          else f"{kind} raised and handled (the job printed more after it)", rule="python-traceback")
         if frame is not None:
             hit.extra.append((self.line_no(frame[0]), self.log.offset + frame[0], self.text(frame[0])))
         return hit

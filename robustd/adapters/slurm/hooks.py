@@ -414,8 +414,7 @@ def read_owned(path: str, tail: int, uid: int) -> tuple[LogText, tuple[int, int]
     Opened with O_PATH|O_NOFOLLOW first (no device is ever opened, no final symlink followed), checked on
     that descriptor, then reopened for reading through it, so a name swapped meanwhile cannot redirect the read.
     """
-    from robustd.triage import LogText
-    from robustd.triage.model import MAX_NAME
+    from robustd.triage.reader import read_tail
 
     try:
         pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -434,20 +433,11 @@ def read_owned(path: str, tail: int, uid: int) -> tuple[LogText, tuple[int, int]
     finally:
         os.close(pfd)
     try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - tail)
-        chunks, pos = [], start
-        while pos < size:
-            chunk = os.pread(fd, min(size - pos, 1 << 20), pos)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            pos += len(chunk)
+        return read_tail(fd, tail, path), (st.st_dev, st.st_ino)
     except OSError as e:
         return e.strerror or str(e)
     finally:
         os.close(fd)
-    return LogText(name=path[:MAX_NAME], data=b"".join(chunks), offset=start, whole=start == 0), (st.st_dev, st.st_ino)
 
 
 def status(hook: Hook, as_json: bool) -> int:
