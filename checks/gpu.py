@@ -131,7 +131,7 @@ class GpuCheck(Check):
         devices = tuple(GpuDevice(index=i, bus_id=g.bus, uuid=g.uuid, name=g.name)
                         for i, g in enumerate(self.inventory))
         self._published = GpuInventory(devices=devices, driver=self.driver_version, compute_pids=self.compute_pids,
-                                       emulated=self._emulated)
+                                       emulated=self._emulated, polled_at=time.time())
 
     def emulated(self) -> str | None:
         """Shown in every verdict, so an emulated node is never taken for a real one."""

@@ -26,6 +26,7 @@ class GpuInventory:
     driver: str = ""
     compute_pids: frozenset[int] = frozenset()  # processes holding compute contexts at the last poll
     emulated: bool = False  # the GPUs are the NVML emulator's
+    polled_at: float = 0.0  # time.time() of the poll that read compute_pids (0: never polled)
 
 
 NO_GPUS = GpuInventory()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -273,6 +274,48 @@ def test_busy_node_refused_unless_forced(make_daemon: Any, short_tmp: Path) -> N
         time.sleep(0.2)  # the GPU check has not polled yet
     _, report = run(d, tests=["eud"], force=True)
     assert report.outcome == pb.OUTCOME_PASS
+
+
+def test_exited_processes_from_a_stale_poll_do_not_refuse_the_next_run(make_daemon: Any, short_tmp: Path) -> None:
+    """Seen on an H200: a second Run right after the first was refused, naming the first run's rank.
+
+    The GPU check polls once an hour here, so its snapshot stays older than the first run's end: a pid
+    in it that has exited since does not make the node busy; one still alive does.
+    """
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        state = short_tmp / "nvml.state"
+        node = emu.healthy_node(2)
+        node.gpus[0].processes = f"{gone.pid}:1073741824"
+        node.gpus[1].processes = f"{alive.pid}:1073741824"
+        emu.save(str(state), node)
+        d = diag_daemon(make_daemon, "pass4", checks={"gpu": {"enabled": True, "backend": "emulator",
+                                                              "emulator_state": str(state), "interval": "1h"}})
+        deadline = time.monotonic() + 10
+        while True:  # the first poll has published both pids
+            try:
+                list(stub(d).Run(pb.RunRequest(tests=["eud"]), timeout=30))
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+                if str(gone.pid) in (err.details() or ""):
+                    break
+            assert time.monotonic() < deadline, "the first poll did not publish the compute pids"
+            time.sleep(0.2)
+        _, report = run(d, tests=["eud"], force=True)
+        assert report.outcome == pb.OUTCOME_PASS
+        with pytest.raises(grpc.RpcError) as err:  # still busy: the live one
+            list(stub(d).Run(pb.RunRequest(tests=["eud"]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert str(alive.pid) in (err.value.details() or "") and str(gone.pid) not in (err.value.details() or "")
+        alive.kill()
+        alive.wait()
+        _, report = run(d, tests=["eud"])
+        assert report.outcome == pb.OUTCOME_PASS
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 @pytest.mark.parametrize("req, words", [

@@ -19,6 +19,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
+import psutil
+
 from robustd.codes import CodeRule
 from robustd.config import DiagnosticsConfig
 from robustd.diagnostics import golden, table
@@ -80,6 +82,7 @@ class DiagnosticsManager:
         self.gpu_inventory = gpu_inventory  # what the GPU check last published (robustd/inventory.py)
         self.cpu_model = cpu_model or "unknown CPU"
         self.running: Run | None = None
+        self.last_end = 0.0  # time.time() when the last run ended (its children gone)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def recover(self) -> None:
@@ -101,8 +104,9 @@ class DiagnosticsManager:
         if unknown := [b for b in req.gpus if b not in known]:
             more = f" and {len(unknown) - 4} more" if len(unknown) > 4 else ""
             raise BadRequest(f"unknown GPUs {unknown[:4]}{more} (this node has: {', '.join(sorted(known)) or 'none'})")
-        if view.compute_pids and not req.force:
-            pids = ", ".join(str(p) for p in sorted(view.compute_pids))
+        busy = self._busy_pids(view)
+        if busy and not req.force:
+            pids = ", ".join(str(p) for p in sorted(busy))
             raise Refused(f"GPU compute processes are alive (pids {pids}); stop the job or set force")
         if req.test_faults_json:
             if not cfg.test_faults:
@@ -123,6 +127,19 @@ class DiagnosticsManager:
         run.task = asyncio.get_running_loop().create_task(self._execute(run, view), name=f"diag-{run_id}")
         log.info("diagnostic %s started: %s", run_id, ", ".join(tests))
         return run
+
+    def _busy_pids(self, view: GpuInventory) -> frozenset[int]:
+        """The compute processes that make this node busy.
+
+        The snapshot is up to one GPU poll old. When it was read before our own last run ended, the
+        processes it lists may be that run's children, exited since (seen on an H200: a second Run
+        right after the first was refused naming the first run's rank): those no longer alive are
+        left out. A snapshot read after the run ended is taken as NVML gave it, so a job whose pids
+        live in another PID namespace still makes the node busy.
+        """
+        if view.polled_at > self.last_end:
+            return view.compute_pids
+        return frozenset(p for p in view.compute_pids if _alive(p))
 
     @staticmethod
     def _tests(req: RunRequest, cfg: DiagnosticsConfig) -> list[str]:
@@ -209,6 +226,7 @@ class DiagnosticsManager:
             self._finish(run)
             shutil.rmtree(os.path.join(self.work_root, run.id), ignore_errors=True)
             self.running = None
+            self.last_end = time.time()
 
     async def _run_test(self, run: Run, test: table.StopTimeTest, i: int, view: GpuInventory, cfg: DiagnosticsConfig
                         ) -> list[TestResult]:
@@ -328,3 +346,11 @@ class DiagnosticsManager:
 
 def codes() -> Mapping[str, CodeRule]:
     return table.codes()
+
+
+def _alive(pid: int) -> bool:
+    """A process that still exists and is not a zombie (a zombie holds no GPU context)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
