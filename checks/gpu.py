@@ -28,6 +28,7 @@ import pynvml
 
 from checks.gpu_config import GpuConfig, load_temperature_levels
 from checks.gpu_events import EventWatcher, address, emitter
+from checks.nvml_fields import FieldBatch
 from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
@@ -57,6 +58,8 @@ class _Gpu:
     replays: deque[tuple[float, int]] = field(default_factory=deque)
     nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
     lost: bool = False
+    link_fields: bool | None = None  # the driver answers NVML_FI_DEV_NVLINK_GET_STATE (None: not asked yet)
+    link_batch: FieldBatch | None = None  # that field for each active link, asked in one call
 
 
 class _Current:
@@ -443,10 +446,9 @@ class GpuCheck(Check):
         """Links active at start that went down; error counters (every nvlink_counters_every-th poll) rising."""
         down, rising = [], []
         counters = self._polls % cfg.nvlink_counters_every == 0
-        for link in g.active_links:
-            if self._opt(comp, pynvml.nvmlDeviceGetNvLinkState, g.handle, link) == pynvml.NVML_FEATURE_DISABLED:
-                down.append(str(link))
-            for counter, cname in NVLINK_COUNTERS.items() if counters else ():
+        down = [str(link) for link in self._links_down(g, comp)]
+        for link in g.active_links if counters else ():
+            for counter, cname in NVLINK_COUNTERS.items():
                 value = self._opt(comp, pynvml.nvmlDeviceGetNvLinkErrorCounter, g.handle, link, counter)
                 if value is None:
                     continue
@@ -462,6 +464,36 @@ class GpuCheck(Check):
             out.append(self._finding(comp, "GPU_NVLINK_ERRORS", f"NVLink errors rising: {', '.join(rising)}",
                                      increases=",".join(rising)))
         return out
+
+    def _links_down(self, g: _Gpu, comp: str) -> list[int]:
+        """The links active at start that are inactive now.
+
+        One nvmlDeviceGetFieldValues call per GPU (NVML_FI_DEV_NVLINK_GET_STATE, link in scopeId)
+        instead of one nvmlDeviceGetNvLinkState per link: on an 18-link GPU that is 1 call a poll
+        instead of 18, and NVML calls are most of this check's cost (issue 15's CPU budget). A driver
+        that does not know the field gets the per-link calls from then on; a poll where an entry fails
+        otherwise (a GPU falling off the bus) uses them too, so their errors are the poll's.
+        """
+        if not g.active_links:
+            return []
+        if g.link_fields is not False:
+            if g.link_batch is None or len(g.link_batch.asked) != len(g.active_links):
+                g.link_batch = FieldBatch([(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in g.active_links])
+            try:
+                values: list[tuple[int, int]] | None = self._call(comp, g.link_batch.nvmlDeviceGetFieldValues,
+                                                                   g.handle)
+            except pynvml.NVMLError as e:
+                if e.value not in _UNSUPPORTED:
+                    raise
+                values = None
+            if values is not None and all(ret == pynvml.NVML_SUCCESS for ret, _ in values):
+                g.link_fields = True
+                return [link for link, (_, state) in zip(g.active_links, values, strict=True)
+                        if state == pynvml.NVML_NVLINK_STATE_INACTIVE]
+            if values is None or any(ret in _UNSUPPORTED for ret, _ in values):
+                g.link_fields = False  # this driver does not answer the field: link by link from now on
+        return [link for link in g.active_links
+                if self._opt(comp, pynvml.nvmlDeviceGetNvLinkState, g.handle, link) == pynvml.NVML_FEATURE_DISABLED]
 
     def _power(self, g: _Gpu, comp: str) -> list[Finding]:
         try:
@@ -504,3 +536,4 @@ class GpuCheck(Check):
                               f"{len(pids)} GPU processes alive, GPUs idle and network quiet for {idle:.0f}s",
                               pids=",".join(str(p) for p in sorted(pids)), max_utilization=f"{max(utils)}%",
                               traffic_bytes_per_s=f"{rate:.0f}", idle_for=f"{idle:.0f}s")]
+

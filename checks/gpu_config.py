@@ -30,7 +30,9 @@ class GpuConfig(CheckConfig):
     init_timeout: Duration = 60.0  # a stuck nvmlInit/inventory is NVML_HANG only after this long
     slowdown_window: Duration = 10.0  # HW slowdown reasons must hold this long to raise
     busy_utilization: int = Field(default=50, ge=0, le=100)  # % above which a lower PCIe gen counts
-    nvlink_counters_every: int = Field(default=5, ge=1)  # read NVLink error counters every Nth poll (cost)
+    # NVLink error counters every Nth poll: 4 counters x 18 links is 72 NVML calls a GPU, most of the poll
+    # (issue 15's CPU budget); they feed a rising-rate WARNING, for which 10 s is soon enough.
+    nvlink_counters_every: int = Field(default=10, ge=1)
     replay_window: Duration = 60.0
     replay_per_lane_per_min: float | None = None  # default: DCGM's 0.96 at Gen4, doubling per gen
     stall_after: Duration = 300.0  # TRAINING_STALLED after this long idle with processes alive

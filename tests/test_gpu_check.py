@@ -7,10 +7,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 from conftest import Daemon
 
-from checks.gpu import GpuCheck, normalize_bus_id
+from checks.gpu import GpuCheck, _Gpu, normalize_bus_id
+from checks.nvml_fields import FieldBatch
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import load_codes
 from robustd.nvmlemu import build
@@ -278,3 +280,37 @@ def test_bus_ids_are_normalised_as_the_kernel_writes_them() -> None:
     assert normalize_bus_id("00000001:DF:00.1") == "0001:df:00.1"
     codes = GpuCheck().codes()  # gpu.yaml, and the kernel rules' XID_* meanings for NVML Xid events
     assert {c for c in codes if not c.startswith("XID_")} == set(CODES) and "XID_79" in codes and "XID_*" in codes
+
+
+@pytest.mark.parametrize("driver", ["fields", "no-fields", "entry-fails"])
+def test_nvlink_down_is_seen_with_or_without_the_state_field(monkeypatch: pytest.MonkeyPatch, driver: str) -> None:
+    """Link state is one field-values call per GPU where the driver answers it, else one call per link."""
+    down = {2, 7}
+    calls: list[str] = []
+
+    def fields(batch: FieldBatch, handle: Any) -> list[tuple[int, int]]:
+        calls.append("fields")
+        if driver == "no-fields":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [(pynvml.NVML_ERROR_UNKNOWN if driver == "entry-fails" and link == 0 else pynvml.NVML_SUCCESS,
+                 pynvml.NVML_NVLINK_STATE_INACTIVE if link in down else pynvml.NVML_NVLINK_STATE_ACTIVE)
+                for field_id, link in batch.asked if field_id == pynvml.NVML_FI_DEV_NVLINK_GET_STATE]
+
+    def state(handle: Any, link: int) -> int:
+        calls.append("state")
+        return pynvml.NVML_FEATURE_DISABLED if link in down else pynvml.NVML_FEATURE_ENABLED
+
+    monkeypatch.setattr(FieldBatch, "nvmlDeviceGetFieldValues", fields)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetNvLinkState", state)
+    check = GpuCheck()
+    g = _Gpu(handle=object(), bus=BUS[0], name="H100", uuid="GPU-0", active_links=list(range(18)))
+    for poll in range(2):
+        calls.clear()
+        assert check._links_down(g, f"gpu/{BUS[0]}") == [2, 7]
+        if driver == "fields":
+            assert calls == ["fields"]  # one call for 18 links
+        elif driver == "no-fields":  # asked once, then link by link
+            assert calls == ["fields"] * (poll == 0) + ["state"] * 18
+        else:  # a failed entry: the per-link calls answer (and raise) for this poll, the field is asked again next
+            assert calls == ["fields"] + ["state"] * 18
+    assert g.link_fields is {"fields": True, "no-fields": False, "entry-fails": None}[driver]

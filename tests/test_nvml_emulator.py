@@ -131,6 +131,9 @@ def test_each_fault_gives_its_nvml_answer(lib: str, node: Path) -> None:
             "failure": n.nvmlDeviceGetRemappedRows(h[3]),
             "reasons": n.nvmlDeviceGetCurrentClocksEventReasons(h[4]),
             "link2": n.nvmlDeviceGetNvLinkState(h[5], 2), "link1": n.nvmlDeviceGetNvLinkState(h[5], 1),
+            "link_fields": [(v.nvmlReturn, v.valueType, v.value.uiVal) for v in n.nvmlDeviceGetFieldValues(
+                h[5], [(n.NVML_FI_DEV_NVLINK_GET_STATE, 1), (n.NVML_FI_DEV_NVLINK_GET_STATE, 2),
+                       (n.NVML_FI_DEV_NVLINK_GET_STATE, 99)])],
             "width": n.nvmlDeviceGetCurrPcieLinkWidth(h[6]),
             "power": code(n.nvmlDeviceGetPowerUsage, h[7]),
         }
@@ -150,6 +153,8 @@ def test_each_fault_gives_its_nvml_answer(lib: str, node: Path) -> None:
     assert got["pending"] == [0, 1, 1, 0] and got["failure"] == [0, 0, 0, 1]
     assert got["reasons"] & 0x8
     assert (got["link2"], got["link1"]) == (0, 1)
+    # NVML_FI_DEV_NVLINK_GET_STATE: link 1 ACTIVE, link 2 INACTIVE, link 99 INVALID_ARGUMENT in its own entry
+    assert got["link_fields"][:2] == [[0, 1, 1], [0, 1, 0]] and got["link_fields"][2][0] == 2
     assert got["width"] == 8 and got["power"] == 999  # NVML_ERROR_UNKNOWN
     assert got["count_after_vanish"] == 7 and got["vanished_handle"] == 15
     assert got["index3_now"] == "00000000:9D:00.0"  # the GPUs after it move up

@@ -607,8 +607,10 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 
 /* ---- field values ----------------------------------------------------------------------- */
 
-/* Only the recovery action (what a GpuRecoveryAction event asks the reader to look up); every other
- * field answers NOT_SUPPORTED in its own entry, as the driver does for fields a GPU lacks. */
+/* The recovery action (what a GpuRecoveryAction event asks the reader to look up) and each NVLink's
+ * state (NVML_FI_DEV_NVLINK_GET_STATE, link in scopeId: INVALID_ARGUMENT past the last link,
+ * NOT_SUPPORTED without NVLink); every other field answers NOT_SUPPORTED in its own entry, as the
+ * driver does for fields a GPU lacks. */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
     ENTER(device, g);
     if (valuesCount < 0 || (valuesCount && !values)) return leave(NVML_ERROR_INVALID_ARGUMENT);
@@ -622,6 +624,16 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
             v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
             v->value.uiVal = g->recovery_action;
             v->nvmlReturn = NVML_SUCCESS;
+        } else if (v->fieldId == NVML_FI_DEV_NVLINK_GET_STATE) {
+            if (g->nvlink_count == 0) {
+                v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            } else if (v->scopeId >= g->nvlink_count) {
+                v->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+            } else {
+                v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+                v->value.uiVal = g->nvlink_down[v->scopeId] ? NVML_NVLINK_STATE_INACTIVE : NVML_NVLINK_STATE_ACTIVE;
+                v->nvmlReturn = NVML_SUCCESS;
+            }
         } else {
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         }
