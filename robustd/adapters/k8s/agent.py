@@ -1,0 +1,260 @@
+"""robustd-k8s: the agent on each Kubernetes node that shows robustd's verdict on the Node object.
+
+    robustd-k8s --config /etc/robustd/robustd.yaml [--kubeconfig PATH]   (the `k8s:` section, `listen.unix`)
+
+An ordinary Watch client of the local robustd, built from robustd-slurm's parts: the same gRPC
+client, the same condition table (a GetVerdict snapshot moved forward by Watch events) and the same
+Watch thread, resuming after the seq saved in its state file, so after a restart of either side
+nothing is missed and nothing is posted twice. Each turn the reconciler (reconciler.py) brings the
+Node toward the table: conditions, Events, quarantine. While robustd cannot be reached nothing is
+decided; after three heartbeats without it robustd's conditions become Unknown. Exit status: 0 after
+SIGTERM/SIGINT, 1 for a bad config or an unusable kubeconfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any, Callable
+
+import grpc
+
+from robustd import __version__
+from robustd.adapters.k8s import families
+from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.k8s.kube import Kube, api_client
+from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
+from robustd.adapters.k8s.state import K8sState, K8sStateFile
+from robustd.adapters.slurm import client
+from robustd.adapters.slurm.agent import _Stream as WatchStream  # the Watch thread robustd-slurm uses
+from robustd.adapters.slurm.agent import load_settings, table_from
+from robustd.adapters.slurm.model import CLEARED, Table
+from robustd.roots import DEFAULT_CONFIG
+
+log = logging.getLogger("robustd.k8s")
+
+RPC_TIMEOUT = 5.0
+TICK = 0.25  # the longest the loop sleeps between looks at the stop flag
+SAVE_EVERY = 1.0
+CONNECT_BACKOFF = (0.2, 5.0)
+UNKNOWN_AFTER = 3  # heartbeats without robustd before its conditions become Unknown
+
+
+def node_name(cfg: K8sConfig) -> str:
+    """k8s.node_name, else $NODE_NAME (the downward API in the DaemonSet), else the host name."""
+    return cfg.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def state_path(settings: Any) -> str:
+    return settings.config.k8s.state_file or os.path.join(settings.config.state_dir, "k8s.json")
+
+
+class Agent:
+    def __init__(self, settings: Any, kube: Kube, clock: Callable[[], float] = time.time):
+        c = settings.config
+        self.cfg: K8sConfig = c.k8s
+        self.socket: str = c.listen.unix
+        self.node = node_name(self.cfg)
+        self.store = K8sStateFile(state_path(settings))
+        self.state = K8sState()
+        self.clock = clock
+        self.reconciler = Reconciler(self.cfg, kube, self.node, self.store, self.state, clock)
+        self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.stopping = threading.Event()
+        self.stream: WatchStream | None = None
+        self.next_connect = 0.0
+        self.connect_backoff = CONNECT_BACKOFF[0]
+        self.unreachable_since: float | None = clock()  # wall clock; None while robustd answers
+        self.saved_seq = -1
+        self.last_save = 0.0
+        self._last_error = ""
+        from robustd.sdnotify import Notifier
+
+        self.notifier = Notifier()
+
+    @property
+    def table(self) -> Table | None:
+        return self.state.table
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        saved = self.store.read()
+        if saved.node in ("", self.node):
+            self.state.__dict__.update(saved.__dict__)  # the reconciler holds this object
+        self.state.node = self.node
+        if self.table is not None:
+            self.saved_seq = self.table.seq
+        log.info("robustd-k8s %s: Node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
+                 self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
+        self.notifier.ready(f"node {self.node}: connecting to robustd")
+        try:
+            while not self.stopping.is_set():
+                self._turn()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _turn(self) -> None:
+        if self.stream is None and time.monotonic() >= self.next_connect:
+            self._connect()
+        # Only a live Watch's table is acted on: a saved one may be stale while robustd does not answer.
+        wait = self.reconciler.step(self.table if self.stream is not None else None, self._down_why())
+        self._save_position()
+        if self.stream is None:
+            wait = min(wait, max(0.0, self.next_connect - time.monotonic()))
+        for kind, item, source in self._take(min(wait, TICK)):
+            self._handle(kind, item, source)
+
+    def _down_why(self) -> str | None:
+        since = self.unreachable_since
+        if since is None or self.clock() - since < UNKNOWN_AFTER * self.cfg.heartbeat:
+            return None
+        return f"robustd-k8s cannot reach robustd at {self.socket} since {rfc3339(since)}: its verdict is unknown"
+
+    def _take(self, timeout: float) -> list[tuple[str, Any, Any]]:
+        items = []
+        try:
+            items.append(self.events.get(timeout=timeout))
+            while len(items) < 10_000:
+                items.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _handle(self, kind: str, item: Any, source: WatchStream) -> None:
+        if kind == "event":
+            table = self.table
+            if table is None:
+                return
+            cond = client.cond(item.condition)
+            prev = table.conditions.get(cond.key)
+            seq = int(item.seq)
+            if table.apply(int(item.kind), cond, seq) and seq > self.state.events_seq:
+                spec = families.event_for(int(item.kind), prev if int(item.kind) == CLEARED and prev else cond, seq)
+                if spec is not None:
+                    self.reconciler.queue(spec)
+            return
+        if source is not self.stream:
+            return
+        self.stream = None
+        self.unreachable_since = self.clock()
+        out_of_range = kind == "error" and isinstance(item, grpc.RpcError) and \
+            item.code() == grpc.StatusCode.OUT_OF_RANGE
+        self.next_connect = time.monotonic() + (0 if out_of_range else self.connect_backoff)
+        if out_of_range:
+            log.warning("robustd no longer has the events after seq %s (%s): taking a new snapshot (Events for "
+                        "the changes in between are not posted; the conditions are right)",
+                        self.table.seq if self.table else 0, item.details())
+            self.state.table = None
+            return
+        why = f"{item.code().name}: {item.details()}" if kind == "error" else item
+        if not self.stopping.is_set():
+            log.warning("watch stream lost (%s); reconnecting to resume after seq %s", why,
+                        self.table.seq if self.table else 0)
+            self.notifier.status(f"node {self.node}: robustd unreachable")
+
+    def _connect(self) -> None:
+        try:
+            v = client.get_verdict(self.socket, RPC_TIMEOUT)
+        except client.Unreachable as e:
+            if str(e) != self._last_error:
+                log.warning("robustd unreachable (%s); its conditions become Unknown after %d heartbeats", e,
+                            UNKNOWN_AFTER)
+                self._last_error = str(e)
+            self.next_connect = time.monotonic() + self.connect_backoff
+            self.connect_backoff = min(self.connect_backoff * 2, CONNECT_BACKOFF[1])
+            return
+        if self.table is None or v.seq < self.table.seq:
+            if self.table is not None:
+                log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
+                            v.seq, self.table.seq)
+            self.state.table = table_from(v)
+            self.state.events_seq = max(self.state.events_seq, int(v.seq))
+        else:
+            self.table.boot_id = v.boot_id
+        assert self.table is not None
+        self.stream = WatchStream(self.socket, self.table.seq, self.events)
+        self.stream.start()
+        self.connect_backoff = CONNECT_BACKOFF[0]
+        self.unreachable_since = None
+        self._last_error = ""
+        log.info("watching robustd from seq %d (node verdict seq %d, boot %s)", self.table.seq, v.seq, v.boot_id)
+        self.notifier.status(f"node {self.node}: watching robustd")
+
+    def _save_position(self) -> None:
+        """The Watch position (and the Events queued with it) at most once a second; at exit always."""
+        if self.table is None or self.table.seq == self.saved_seq:
+            return
+        now = time.monotonic()
+        if now - self.last_save < SAVE_EVERY and not self.stopping.is_set():
+            return
+        self.reconciler.save()
+        self.saved_seq = self.table.seq
+        self.last_save = now
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping.is_set():
+            os._exit(1)  # a second signal: the operator means it
+        self.stopping.set()
+
+    def _shutdown(self) -> None:
+        self.notifier.stopping()
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream.join(timeout=2)
+        self.last_save = 0.0
+        self._save_position()
+        log.info("robustd-k8s stopped (watch position seq %s)", self.table.seq if self.table else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kubernetes.config import ConfigException
+
+    from robustd.config import ConfigError
+    from robustd.sdnotify import fatal, setup_logging
+
+    p = argparse.ArgumentParser(
+        prog="robustd-k8s", description="Show robustd's verdict on this Kubernetes Node "
+                                        "(conditions, events; quarantine when configured).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  robustd-k8s --check-config --config /etc/robustd/robustd.yaml\n"
+               "  robustd-k8s --config /etc/robustd/robustd.yaml --kubeconfig ~/.kube/config\n"
+               "  systemctl enable --now robustd-k8s")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
+    p.add_argument("--kubeconfig", default=None, help="a kubeconfig file (default: k8s.kubeconfig, else in-cluster)")
+    p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
+    p.add_argument("--version", action="version", version=f"robustd-k8s {__version__}")
+    args = p.parse_args(argv)
+    setup_logging("info", identifier="robustd-k8s")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        fatal(f"robustd-k8s: invalid config:\n{e}")
+        return 1
+    cfg: K8sConfig = settings.config.k8s
+    if args.check_config:
+        print(f"{settings.source}: config OK (Node {node_name(cfg)}, state {state_path(settings)})")
+        return 0
+    setup_logging(settings.config.log_level, identifier="robustd-k8s")
+    kubeconfig = args.kubeconfig or cfg.kubeconfig
+    try:
+        api = api_client(kubeconfig)
+    except (ConfigException, OSError, ValueError) as e:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        fatal(f"robustd-k8s: cannot use {where}: {e}")
+        return 1
+    return Agent(settings, Kube(api, cfg.request_timeout)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""robustd's conditions in Kubernetes' words: one node condition per family, one Event per change.
+
+Pure functions of plain values (robustd.adapters.slurm.model.Cond, the `k8s:` config): no client, no
+clock. A family groups components by what an operator would look at (GPU, network, PCIe, ...); its
+node condition is True while a condition of the family at or above `k8s.condition_severity` stands.
+Kubernetes' own conditions (Ready, MemoryPressure, ...) are never produced here: every type carries
+`k8s.condition_prefix`, and only types with that prefix are ever written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.slurm.model import CLEARED, RAISED, Cond, action_rank
+from robustd.model import Severity
+
+FAMILIES = ("GPUProblem", "NetworkProblem", "PCIeProblem", "MemoryProblem", "DiskProblem", "ThermalProblem",
+            "KernelProblem", "DiagnosticsFailed", "AgentProblem")
+_PREFIXES = (("gpu/", "GPUProblem"), ("nvswitch/", "GPUProblem"), ("nic/", "NetworkProblem"),
+             ("ib/", "NetworkProblem"), ("pcie/", "PCIeProblem"), ("memory/", "MemoryProblem"),
+             ("disk/", "DiskProblem"), ("check/", "AgentProblem"))
+MAX_MESSAGE = 1024  # a node condition's message, and an event's: what an operator reads, bounded
+MAX_REASON = 128
+UNREACHABLE = "RobustdUnreachable"
+
+
+@dataclass(frozen=True)
+class NodeCondition:
+    """What one of robustd's node conditions should say (times are the reconciler's business)."""
+
+    type: str
+    status: str  # True | False | Unknown
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A Kubernetes Event to post on the Node for one of robustd's events."""
+
+    seq: int
+    type: str  # Warning | Normal
+    reason: str
+    message: str
+
+
+def family(component: str, code: str) -> str:
+    """The family a condition belongs to; robustd's stop-time test failures go to DiagnosticsFailed whatever
+    their component, a thermal sensor (`host/<chip>/<sensor>`) to ThermalProblem, the rest of `host` and any
+    component this version does not know to KernelProblem."""
+    if code.startswith("DIAG_"):
+        return "DiagnosticsFailed"
+    for prefix, fam in _PREFIXES:
+        if component.startswith(prefix):
+            return fam
+    if component.startswith("host/") and component.count("/") >= 2:
+        return "ThermalProblem"
+    return "KernelProblem"
+
+
+def camel(code: str) -> str:
+    """XID_79 -> Xid79, GPU_ECC_DBE -> GpuEccDbe: a condition reason is one CamelCase word."""
+    word = "".join(p[:1].upper() + p[1:].lower() for p in code.replace("-", "_").split("_") if p)
+    word = "".join(ch for ch in word if ch.isascii() and ch.isalnum())
+    return (word or "Unknown")[:64]
+
+
+def _rank(c: Cond) -> tuple[int, int, int]:
+    return (Severity[c.severity].value if c.severity in Severity.__members__ else 0, action_rank(c.action), c.seq)
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def counts(c: Cond, cfg: K8sConfig) -> bool:
+    """Whether a condition makes its family's node condition True."""
+    return c.severity in Severity.__members__ and Severity[c.severity] >= Severity[cfg.condition_severity]
+
+
+def desired(conditions: list[Cond], cfg: K8sConfig) -> list[NodeCondition]:
+    """One node condition per family, in FAMILIES order."""
+    by_family: dict[str, list[Cond]] = {f: [] for f in FAMILIES}
+    for c in conditions:
+        if counts(c, cfg):
+            by_family[family(c.component, c.code)].append(c)
+    out = []
+    for fam, conds in by_family.items():
+        ctype = cfg.condition_prefix + fam
+        if not conds:
+            out.append(NodeCondition(ctype, "False", f"No{fam}",
+                                     f"robustd reports no {fam} at or above {cfg.condition_severity}"))
+            continue
+        conds.sort(key=_rank, reverse=True)
+        codes = list(dict.fromkeys(c.code for c in conds))
+        reason = camel(codes[0]) + (f"And{len(codes) - 1}More" if len(codes) > 1 else "")
+        parts = [f"{c.code} on {c.component} ({c.severity}, action {c.action})" for c in conds[:16]]
+        more = f"; +{len(conds) - 16} more" if len(conds) > 16 else ""
+        out.append(NodeCondition(ctype, "True", reason[:MAX_REASON], _clip("; ".join(parts) + more)))
+    return out
+
+
+def unknown(cfg: K8sConfig, why: str) -> list[NodeCondition]:
+    """Every family Unknown: robustd has not answered (as the node lifecycle controller does for a silent
+    kubelet). Not a hardware verdict."""
+    return [NodeCondition(cfg.condition_prefix + fam, "Unknown", UNREACHABLE, _clip(why)) for fam in FAMILIES]
+
+
+def event_for(kind: int, c: Cond, seq: int) -> EventSpec | None:
+    """The Event for a RAISED or CLEARED robustd event at or above WARNING; None for the rest."""
+    if kind not in (RAISED, CLEARED) or c.severity not in ("WARNING", "CRITICAL"):
+        return None
+    if kind == RAISED:
+        return EventSpec(seq, "Warning", c.code[:MAX_REASON],
+                         _clip(f"{c.code} raised on {c.component}: {c.severity}, action {c.action}"))
+    return EventSpec(seq, "Normal", c.code[:MAX_REASON], _clip(f"{c.code} cleared on {c.component}"))
+
+
+def quarantine_for(conditions: list[Cond], cfg: K8sConfig) -> Cond | None:
+    """The condition that asks for quarantine: CRITICAL with one of k8s.quarantine.actions (the most drastic)."""
+    hits = [c for c in conditions if c.severity == "CRITICAL" and c.action in cfg.quarantine.actions]
+    return max(hits, key=_rank) if hits else None

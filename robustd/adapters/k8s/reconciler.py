@@ -1,0 +1,332 @@
+"""The Node as robustd wants it, re-applied until the API server agrees.
+
+One `step()` at a time (the agent calls it every turn; a test calls it with a simulated clock):
+  1. read the Node once at start: robustd's conditions already on it (their lastTransitionTime is kept
+     across agent restarts) and a quarantine robustd holds (recognised by its annotation);
+  2. conditions: a strategic merge patch of `status.conditions` (merge key `type`, so Kubernetes' own
+     conditions are untouched) when one of them changed, and a heartbeat every `k8s.heartbeat` plus up
+     to 10% jitter, so a quiet node writes about 3600/heartbeat times an hour;
+  3. Events still to post, oldest first; the same event again within an hour counts the existing Event
+     object up (count, lastTimestamp) as kubelet does, and a name taken by an earlier run means posted;
+  4. quarantine (opt-in): cordon + taint + ownership annotations by read-modify-write carrying the node's
+     resourceVersion, retried on 409; released after `quarantine.release_after` of OK, undoing only
+     what robustd did (a cordon someone else made stays).
+A failure leaves the desired state where it is: the whole step is retried after a capped exponential
+backoff with jitter (or the server's Retry-After), so nothing is lost while the API server is away.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from datetime import UTC, datetime
+from typing import Any, Callable
+
+from robustd.adapters.k8s import families
+from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.k8s.families import EventSpec, NodeCondition
+from robustd.adapters.k8s.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound, Refused, Transient
+from robustd.adapters.k8s.state import MAX_PENDING, MAX_SERIES, K8sState, K8sStateFile, Quarantine, Series
+from robustd.adapters.slurm.model import Table
+
+log = logging.getLogger("robustd.k8s")
+
+TAINT_KEY = "robustd.io/unhealthy"
+CORDONED_BY = "robustd.io/cordoned-by"
+PRE_EXISTING = "robustd.io/pre-existing-cordon"
+OWNER = "robustd"
+COMPONENT = "robustd"
+SERIES_WINDOW = 3600.0  # an identical event within this counts up the existing Event object
+BACKOFF_BASE = 0.5
+JITTER = 0.1  # heartbeats come every heartbeat x [1, 1.1]
+PUT_ATTEMPTS = 5  # read-modify-PUT rounds lost to 409 before the step is retried with backoff
+BREAKER_RECHECK = 60.0  # a suppressed quarantine is looked at again this often
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def has_taint(node: dict[str, Any]) -> bool:
+    return any(t.get("key") == TAINT_KEY for t in (node.get("spec") or {}).get("taints") or [])
+
+
+class Reconciler:
+    def __init__(self, cfg: K8sConfig, kube: Kube, node: str, store: K8sStateFile, state: K8sState,
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None):
+        self.cfg = cfg
+        self.kube = kube
+        self.node = node
+        self.store = store
+        self.state = state
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.applied: dict[str, dict[str, Any]] | None = None  # robustd's conditions on the Node, by type
+        self.next_heartbeat = 0.0
+        self.retry_at = 0.0
+        self.failures = 0
+        self.breaker_at = 0.0
+        self.last_error = ""
+        self.writes = 0  # condition patches made (the benchmark's figure)
+
+    # --- the step -----------------------------------------------------------------------------------
+
+    def step(self, table: Table | None, down_why: str | None = None) -> float:
+        """Bring the Node toward what `table` says (or Unknown when `down_why`); seconds until due again."""
+        now = self.clock()
+        if now < self.retry_at:
+            return self.retry_at - now
+        try:
+            if self.applied is None:
+                self._load()
+            if down_why is not None:
+                self._conditions(families.unknown(self.cfg, down_why), now)
+            elif table is not None:
+                conds = list(table.conditions.values())
+                self._conditions(families.desired(conds, self.cfg), now)
+            self._events(now)
+            if table is not None and down_why is None:
+                self._quarantine(table, now)
+        except KubeError as e:
+            return self._failed(e, now)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # an answer not shaped like a Node
+            return self._failed(Refused(f"node {self.node}: unexpected answer from the API server: "
+                                        f"{type(e).__name__}: {e}"), now)
+        self.failures = 0
+        if self.last_error:
+            log.info("the API server answers again")
+            self.last_error = ""
+        due = [self.next_heartbeat] if self.applied is not None else []
+        if self.state.quarantine is not None and self.state.ok_since is not None:
+            due.append(self.state.ok_since + self.cfg.quarantine.release_after)
+        if self.state.pending:
+            due.append(now)
+        return max(0.0, min(due, default=now + 60.0) - now)
+
+    def _failed(self, e: KubeError, now: float) -> float:
+        self.failures += 1
+        delay = min(self.cfg.max_backoff, BACKOFF_BASE * 2 ** min(self.failures - 1, 30))
+        delay *= 0.5 + self.rng.random() / 2  # full jitter's gentler cousin: 50-100% of the backoff
+        if isinstance(e, (Refused, NotFound)):
+            delay = self.cfg.max_backoff  # a refusal is not fixed by hammering
+        if e.retry_after is not None:
+            delay = max(delay, min(e.retry_after, self.cfg.max_backoff))
+        self.retry_at = now + delay
+        text = str(e)
+        if isinstance(e, (Refused, NotFound)):
+            text += " (robustd-k8s's own failure, not a hardware verdict: check the node name, kubeconfig and RBAC)"
+        if text != self.last_error:
+            log.log(logging.WARNING if isinstance(e, Transient) else logging.ERROR, "%s; retrying in %.1fs",
+                    text, delay)
+            self.last_error = text
+        return delay
+
+    # --- read at start ------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        node = self.kube.get_node(self.node)
+        prefix = self.cfg.condition_prefix
+        self.applied = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []
+                        if isinstance(c, dict) and str(c.get("type", "")).startswith(prefix)}
+        ann = (node.get("metadata") or {}).get("annotations") or {}
+        if self.state.quarantine is None and ann.get(CORDONED_BY) == OWNER:
+            value = next((t.get("value", "") for t in (node.get("spec") or {}).get("taints") or []
+                          if t.get("key") == TAINT_KEY), "")
+            self.state.quarantine = Quarantine(action=str(value), fault="(adopted from the node's annotations)",
+                                               since=self.clock(), pre_existing_cordon=ann.get(PRE_EXISTING) == "true")
+            log.info("node %s carries robustd's quarantine (annotation %s): adopted", self.node, CORDONED_BY)
+
+    # --- conditions ---------------------------------------------------------------------------------
+
+    def _conditions(self, want: list[NodeCondition], now: float) -> None:
+        assert self.applied is not None
+        changed = [w for w in want if self._differs(w)]
+        if not changed and now < self.next_heartbeat:
+            return
+        stamp = rfc3339(now)
+        body = []
+        for w in want:
+            old = self.applied.get(w.type)
+            moved = old is None or old.get("status") != w.status or not old.get("lastTransitionTime")
+            body.append({"type": w.type, "status": w.status, "reason": w.reason, "message": w.message,
+                         "lastHeartbeatTime": stamp,
+                         "lastTransitionTime": stamp if moved else old["lastTransitionTime"]})
+        node = self.kube.patch_node_status(self.node, {"status": {"conditions": body}})
+        self.writes += 1
+        prefix = self.cfg.condition_prefix
+        self.applied = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []
+                        if isinstance(c, dict) and str(c.get("type", "")).startswith(prefix)}
+        self.next_heartbeat = now + self.cfg.heartbeat * (1 + JITTER * self.rng.random())
+        for w in changed:
+            log.info("node %s: %s=%s (%s) %s", self.node, w.type, w.status, w.reason, w.message)
+
+    def _differs(self, w: NodeCondition) -> bool:
+        assert self.applied is not None
+        old = self.applied.get(w.type)
+        return old is None or (old.get("status"), old.get("reason"), old.get("message")) != (w.status, w.reason,
+                                                                                              w.message)
+
+    # --- events -------------------------------------------------------------------------------------
+
+    def queue(self, spec: EventSpec) -> None:
+        """An Event to post (bounded: the oldest go first when the API server has been away for long)."""
+        self.state.pending.append(spec)
+        if len(self.state.pending) > MAX_PENDING:
+            dropped = self.state.pending[: len(self.state.pending) - MAX_PENDING]
+            del self.state.pending[: len(dropped)]
+            log.error("%d Events could not be posted and were dropped (the API server has been unreachable for "
+                      "long); the node conditions still say what stands", len(dropped))
+
+    def _events(self, now: float) -> None:
+        while self.state.pending:
+            spec = self.state.pending[0]
+            self._post(spec, now)
+            self.state.pending.pop(0)
+            self.state.events_seq = max(self.state.events_seq, spec.seq)
+            self.save()
+
+    def _post(self, spec: EventSpec, now: float) -> None:
+        ns = self.cfg.events_namespace
+        key = f"{spec.type}|{spec.reason}|{spec.message}"
+        series = self.state.series.get(key)
+        stamp = rfc3339(now)
+        if series is not None and now - series.last < SERIES_WINDOW:
+            try:
+                self.kube.patch_event(ns, series.name, {"count": series.count + 1, "lastTimestamp": stamp})
+                series.count += 1
+                series.last = now
+                self.state.series[key] = self.state.series.pop(key)  # most recent last
+                return
+            except NotFound:
+                pass  # the server let it expire (its event TTL): a new one
+        name = f"{self.node}.robustd.{spec.seq:x}.{int(now * 1000):x}" if spec.seq == 0 else \
+            f"{self.node}.robustd.{spec.seq:x}"
+        event = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"name": name, "namespace": ns},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
+                 "reason": spec.reason, "message": spec.message, "type": spec.type, "count": 1,
+                 "firstTimestamp": stamp, "lastTimestamp": stamp,
+                 "source": {"component": COMPONENT, "host": self.node},
+                 "reportingComponent": COMPONENT, "reportingInstance": self.node}
+        try:
+            self.kube.create_event(ns, event)
+        except AlreadyExists:
+            log.info("event %s/%s exists already (posted before a restart)", ns, name)
+        self.state.series[key] = Series(name=name, count=1, first=now, last=now)
+        while len(self.state.series) > MAX_SERIES:
+            self.state.series.pop(next(iter(self.state.series)))
+
+    # --- quarantine ---------------------------------------------------------------------------------
+
+    def _quarantine(self, table: Table, now: float) -> None:
+        q = families.quarantine_for(list(table.conditions.values()), self.cfg)
+        st = self.state
+        if q is not None:
+            if st.ok_since is not None:
+                st.ok_since = None
+                self.save()
+            if st.quarantine is None and now >= self.breaker_at and self._breaker_allows(q, now):
+                self._cordon(q, now)
+            return
+        st.suppressed = ""
+        if st.quarantine is None:
+            return
+        if st.ok_since is None:
+            st.ok_since = now
+            self.save()
+        if now - st.ok_since >= self.cfg.quarantine.release_after:
+            self._release()
+
+    def _breaker_allows(self, q: Any, now: float) -> bool:
+        nodes = self.kube.list_nodes(self.cfg.quarantine.node_selector)
+        total = len(nodes)
+        held = sum(1 for n in nodes if has_taint(n) and (n.get("metadata") or {}).get("name") != self.node)
+        allowance = max(1, math.floor(self.cfg.quarantine.max_fraction * total))
+        if held < allowance:
+            return True
+        self.breaker_at = now + BREAKER_RECHECK
+        fault = f"{q.code} on {q.component}"
+        if self.state.suppressed != fault:
+            text = (f"not quarantining for {fault} (action {q.action}): {held} of {total} nodes already carry "
+                    f"{TAINT_KEY} (allowance {allowance}, k8s.quarantine.max_fraction "
+                    f"{self.cfg.quarantine.max_fraction:g})")
+            log.warning("node %s: %s", self.node, text)
+            self.queue(EventSpec(0, "Warning", "QuarantineSuppressed", families._clip(text)))
+            self.state.suppressed = fault
+            self.save()
+        return False
+
+    def _read_modify_put(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+        """GET, compute the change, write it with the resourceVersion read; a 409 (someone wrote in between)
+        starts over from a fresh read, so neither their write nor ours is lost."""
+        for _ in range(PUT_ATTEMPTS):
+            node = self.kube.get_node(self.node)
+            patch = change(node)
+            if patch is None:
+                return
+            try:
+                self.kube.patch_node_if_unchanged(self.node, patch, str(node["metadata"]["resourceVersion"]))
+                return
+            except Conflict:
+                log.info("node %s changed under robustd-k8s's update (409): reading it again", self.node)
+        raise Transient(f"update node {self.node}: {PUT_ATTEMPTS} conflicts in a row")
+
+    def _cordon(self, q: Any, now: float) -> None:
+        effect = self.cfg.quarantine.taint_effect
+        pre: list[bool] = []
+
+        def change(node: dict[str, Any]) -> dict[str, Any] | None:
+            spec = node.get("spec") or {}
+            ann = (node.get("metadata") or {}).get("annotations") or {}
+            ours = ann.get(CORDONED_BY) == OWNER
+            pre[:] = [ann.get(PRE_EXISTING) == "true" if ours else bool(spec.get("unschedulable"))]
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]
+            taints.append({"key": TAINT_KEY, "value": q.action, "effect": effect})
+            return {"spec": {"taints": taints, "unschedulable": True},
+                    "metadata": {"annotations": {CORDONED_BY: OWNER, PRE_EXISTING: "true" if pre[0] else "false"}}}
+
+        self._read_modify_put(change)
+        self.state.quarantine = Quarantine(action=q.action, fault=f"{q.code} on {q.component}", since=now,
+                                           pre_existing_cordon=bool(pre and pre[0]))
+        self.save()
+        log.warning("node %s quarantined: cordoned and tainted %s=%s:%s for %s%s", self.node, TAINT_KEY, q.action,
+                    effect, self.state.quarantine.fault, " (it was cordoned already: that cordon stays robustd's "
+                                                         "to leave)" if pre and pre[0] else "")
+
+    def _release(self) -> None:
+        held = self.state.quarantine
+        assert held is not None
+
+        def change(node: dict[str, Any]) -> dict[str, Any] | None:
+            spec = node.get("spec") or {}
+            ann = (node.get("metadata") or {}).get("annotations") or {}
+            taints = list(spec.get("taints") or [])
+            kept = [t for t in taints if t.get("key") != TAINT_KEY]
+            patch: dict[str, Any] = {}
+            if kept != taints:
+                patch.setdefault("spec", {})["taints"] = kept or None
+            pre = held.pre_existing_cordon or ann.get(PRE_EXISTING) == "true"
+            if ann.get(CORDONED_BY) == OWNER and not pre and spec.get("unschedulable"):
+                patch.setdefault("spec", {})["unschedulable"] = None
+            drop = {k: None for k in (CORDONED_BY, PRE_EXISTING) if k in ann}
+            if drop:
+                patch["metadata"] = {"annotations": drop}
+            return patch or None
+
+        self._read_modify_put(change)
+        log.info("node %s released: robustd's verdict has been OK for %gs (%s)", self.node,
+                 self.cfg.quarantine.release_after, "cordon kept: someone else cordoned it first"
+                 if held.pre_existing_cordon else "uncordoned")
+        self.state.quarantine = None
+        self.state.ok_since = None
+        self.save()
+
+    # --- state --------------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        try:
+            self.store.write(self.state)  # type: ignore[arg-type]
+        except OSError as e:
+            log.error("cannot save the state file %s: %s", self.store.path, e)
