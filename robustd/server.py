@@ -87,15 +87,16 @@ def warn_unknown_groups(names: Sequence[str]) -> None:
             log.warning("authz.disruptive.unix_groups: no group named %r on this host", name)
 
 
-def start_metrics(address: str, view: EngineView, node_name: str, states: Callable[[], Sequence[CheckState]]
-                  ) -> Any:
-    """The /metrics endpoint (its HTTP server, to close at stop), or None when `metrics.address` is empty."""
+def start_metrics(address: str, view: EngineView, node_name: str, states: Callable[[], Sequence[CheckState]],
+                  max_condition_series: int = 1000, probe: Any = None) -> Any:
+    """The /metrics endpoint (its HTTP server, to close at stop), or None when `metrics.address` is empty.
+    `probe` is a robustd.metrics.DaemonProbe (the watchdog, the scheduler, the diagnostics)."""
     if not address:
         return None
     from robustd.metrics import StateCollector, serve
 
     try:
-        server = serve(address, StateCollector(view, node_name, states))
+        server = serve(address, StateCollector(view, node_name, states, max_condition_series, probe))
     except OSError as e:
         raise StartError(f"metrics: cannot listen on {address}: {e.strerror or e}") from None
     log.info("metrics on http://%s/metrics", address)

@@ -83,6 +83,7 @@ class DiagnosticsManager:
         self.cpu_model = cpu_model or "unknown CPU"
         self.running: Run | None = None
         self.last_end = 0.0  # time.time() when the last run ended (its children gone)
+        self.outcomes: dict[str, int] = {}  # finished runs since start, by outcome name (robustd/metrics.py)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def recover(self) -> None:
@@ -306,6 +307,7 @@ class DiagnosticsManager:
             if r.outcome == Outcome.PASS:
                 r.message = "no fault found: restart the job"
         self._save(r)
+        self.outcomes[r.outcome.name] = self.outcomes.get(r.outcome.name, 0) + 1
         if findings:
             self.engine.submit(FindingReport(SOURCE, tuple(findings)))
         outcome = f"OUTCOME_{r.outcome.name}"
