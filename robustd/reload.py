@@ -6,6 +6,7 @@ effect at the next restart), and rebuilds the checks, code table, policy and aut
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -35,8 +36,63 @@ def changed_keys(old: Any, new: Any, keys: tuple[str, ...]) -> list[str]:
     return out
 
 
+MAX_LOGGED_CHANGES = 40  # a reload that rewrites the whole file says how many more, not every one
+MAX_VALUE_CHARS = 80
+
+
+def diff(old: Settings, new: Settings) -> tuple[list[str], list[str], list[str]]:
+    """Dotted keys added, removed and changed between two loaded configs (checks under `checks.`).
+
+    Compared as loaded, defaults included: a key written out with its default value is no change, and a
+    new entry in a map (a diagnostic level, a code override) is an added key.
+    """
+    added: list[str] = []
+    removed: list[str] = []
+    changed: list[str] = []
+
+    def walk(prefix: str, a: Any, b: Any) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                key = f"{prefix}.{k}" if prefix else str(k)
+                if k not in a:
+                    added.append(f"{key}={_short(b[k])}")
+                elif k not in b:
+                    removed.append(key)
+                else:
+                    walk(key, a[k], b[k])
+        elif a != b:
+            changed.append(f"{prefix}: {_short(a)} -> {_short(b)}")
+
+    def dump(s: Settings) -> dict[str, Any]:
+        out = s.config.model_dump(mode="json")
+        out["checks"] = {name: c.model_dump(mode="json") for name, c in s.checks.items()}
+        return out
+
+    walk("", dump(old), dump(new))
+    return added, removed, changed
+
+
+def describe(added: list[str], removed: list[str], changed: list[str]) -> str:
+    """One log line: `added a.b=1; removed c; changed d: 1 -> 2`, cut after MAX_LOGGED_CHANGES items."""
+    items = [f"added {k}" for k in added] + [f"removed {k}" for k in removed] + [f"changed {k}" for k in changed]
+    if not items:
+        return "no keys changed"
+    more = len(items) - MAX_LOGGED_CHANGES
+    return "; ".join(items[:MAX_LOGGED_CHANGES]) + (f"; and {more} more" if more > 0 else "")
+
+
+def _short(value: Any) -> str:
+    """A value as the log shows it: a string bare (`5m`), anything else as JSON; long ones cut."""
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= MAX_VALUE_CHARS else text[: MAX_VALUE_CHARS - 3] + "..."
+
+
 def merge(running: Settings, new: Settings) -> tuple[Settings, list[str]]:
-    """The settings to run after a reload (`new`, with the running RESTART_KEYS) and the sections it applies."""
+    """The settings to run after a reload (`new`, with the running RESTART_KEYS) and the sections it applies.
+
+    Logs what changed in the file, key by key, before anything is applied.
+    """
+    log.info("config changes: %s", describe(*diff(running, new)))
     old = running.config
     for key in changed_keys(old, new.config, RESTART_KEYS):
         log.warning("%s changed: that takes effect at the next restart", key)

@@ -105,3 +105,19 @@ def test_relative_paths_are_resolved_against_the_working_directory_at_load(tmp_p
     assert s.checks["kernel"].kmsg_path == str(tmp_path / "kmsg")  # type: ignore[attr-defined]
     assert s.checks["nic"].netns == "blue"  # type: ignore[attr-defined]
     assert s.roots().kmsg == str(tmp_path / "kmsg")
+
+
+@pytest.mark.parametrize("text, line, shown", [
+    ("policy:\n  clear_afterr: 2m\n", 2, "policy.clear_afterr: unknown key (did you mean `clear_after`?)"),
+    ("polcy:\n  clear_after: 2m\n", 1, "polcy: unknown key (did you mean `policy`?)"),
+    ("checks:\n  kernel:\n    lookbak: 1m\n", 3, "checks.kernel.lookbak: unknown key (did you mean `lookback`?)"),
+    ("policy:\n  codes:\n    XID_13: {severty: WARNING}\n", 3,
+     "policy.codes.XID_13.severty: unknown key (did you mean `severity`?)"),
+    ("checks:\n  kernl: {}\n", 2, "checks.kernl: unknown check (did you mean `kernel`?)"),
+    ("policy:\n  zzzzzz: 1\n", 2, "policy.zzzzzz: unknown key\n"),  # nothing close: no guess
+])
+def test_unknown_key_suggests_the_nearest_valid_one(tmp_path: Path, text: str, line: int, shown: str) -> None:
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text(text)
+    r = check_config(cfg)
+    assert r.returncode == 1 and f"{cfg}:{line}: {shown}" in r.stderr, r.stderr

@@ -87,3 +87,23 @@ def test_sighup_names_each_key_that_needs_a_restart(make_daemon: Any, change: di
     assert "no changes to apply" in line, line
     assert f"{key} changed: that takes effect at the next restart" in d.log()
     assert d.verdict().node == "test-node"  # still the running value
+
+
+def test_sighup_logs_each_key_added_removed_and_changed(make_daemon: Any) -> None:
+    d = make_daemon({"checks": {"kernel": {"enabled": False}},
+                     "policy": {"clear_after": "2m", "codes": {"XID_13": {"severity": "WARNING"}}}})
+    d.start()
+    del d.config["policy"]["codes"]["XID_13"]  # removed from the file
+    line = reload(d, {"policy": {"clear_after": "5m"},  # changed
+                      "diagnostics": {"levels": {"smoke": ["all_to_all"]}}})  # added
+    assert "applied diagnostics, policy" in line, line
+    [changes] = [x for x in d.log().splitlines() if "config changes:" in x]
+    assert "added diagnostics.levels.smoke=[\"all_to_all\"]" in changes, changes
+    assert "removed policy.codes.XID_13" in changes, changes
+    assert "changed policy.clear_after: 2m -> 5m" in changes, changes
+    assert "removed diagnostics.levels.quick" in changes  # the file's levels replace the built-in ones
+    assert "node_name" not in changes and "listen" not in changes  # what did not change is not listed
+
+    line = reload(d, {})  # the same file again
+    assert "no changes to apply" in line, line
+    assert d.log().count("config changes: no keys changed") == 1

@@ -8,16 +8,27 @@ from typing import Callable, TypeVar
 from robustd.durations import parse_duration
 
 AddGlobals = Callable[[argparse.ArgumentParser, bool], None]
-Verb = Callable[[str, str], argparse.ArgumentParser]
+Verb = Callable[..., argparse.ArgumentParser]  # (name, help_text, example="") -> the verb's parser
 T = TypeVar("T")
 
 
+def examples(*commands: str) -> str:
+    """An epilog of example command lines, kept as written by `--help` and the man pages."""
+    return "example:\n" + "\n".join(f"  {c}" for c in commands) if len(commands) == 1 else \
+        "examples:\n" + "\n".join(f"  {c}" for c in commands)
+
+
 def verbs(parent: argparse.ArgumentParser, dest: str, add_globals: AddGlobals) -> Verb:
-    """A factory of sub-commands under `parent`, each accepting the global options too."""
+    """A factory of sub-commands under `parent`, each accepting the global options too.
+
+    `example` (one command line, or several separated by newlines) becomes the verb's `--help` epilog.
+    """
     sub = parent.add_subparsers(dest=dest, metavar=dest.upper(), required=True)
 
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
-        v = sub.add_parser(name, help=help_text, description=help_text)
+    def verb(name: str, help_text: str, example: str = "") -> argparse.ArgumentParser:
+        v = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog=examples(*example.splitlines()) if example else None,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         add_globals(v, False)
         return v
 

@@ -7,7 +7,10 @@ severity, 4 ERROR or CANCELLED (and other RPC errors), 3 daemon unreachable.
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
+import threading
+import time
 from typing import Any
 
 import grpc
@@ -16,7 +19,7 @@ from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import output, render
 from robustd.cli.args import AddGlobals, verbs
-from robustd.durations import parse_duration
+from robustd.durations import format_duration, parse_duration
 
 TESTS = ("eud", "all_to_all", "all_gather", "minigpt")
 STATUS = {pb.RESULT_PASS: "PASS", pb.RESULT_FAIL: "FAIL", pb.RESULT_SKIPPED: "SKIPPED", pb.RESULT_ERROR: "ERROR"}
@@ -24,7 +27,9 @@ STATUS = {pb.RESULT_PASS: "PASS", pb.RESULT_FAIL: "FAIL", pb.RESULT_SKIPPED: "SK
 
 def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     verb = verbs(p, "diag_command", add_globals)
-    r = verb("run", "run diagnostics now (the job must be stopped on this node)")
+    r = verb("run", "run diagnostics now (the job must be stopped on this node)",
+             "robustctl diag run --level quick\nrobustctl diag run --tests eud,all_to_all --gpus 0000:1b:00.0 "
+             "--no-stop-on-failure")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--tests", type=_tests, help=f"comma-separated, in order: {','.join(TESTS)}")
     g.add_argument("--level", help="a named list from config: quick, standard, full")
@@ -34,9 +39,11 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     r.add_argument("--force", action="store_true", help="run even while GPU compute processes are alive")
     r.add_argument("--rendezvous", type=_rendezvous, metavar="ADDR:PORT,WORLD,RANK[,RUN_ID]",
                    help="for all_gather: master address:port, nodes, this node's rank, a run id")
-    verb("list", "recent diagnostic reports").add_argument("--limit", type=int, default=20)
-    verb("show", "one report").add_argument("id")
-    verb("cancel", "cancel a running diagnostic (kills its child processes)").add_argument("id")
+    verb("list", "recent diagnostic reports", "robustctl diag list --limit 5").add_argument(
+        "--limit", type=int, default=20)
+    verb("show", "one report", "robustctl diag show diag-20261130-154045-5d9ab3").add_argument("id")
+    verb("cancel", "cancel a running diagnostic (kills its child processes)",
+         "robustctl diag cancel diag-20261130-154045-5d9ab3").add_argument("id")
     gold = verb("golden", "golden MiniGPT digests for (GPU model, driver, torch version)")
     golden = verbs(gold, "golden_command", add_globals)
     golden("record", "record the node digest of a passing MiniGPT report (default: newest)").add_argument(
@@ -81,20 +88,34 @@ def _run(client: Any, args: argparse.Namespace) -> int:
         req.rendezvous.CopyFrom(args.rendezvous)
     channel = client.open()
     report = None
-    tty = sys.stderr.isatty()
+    live = Live(sys.stderr.isatty())
+    call = pb_grpc.DiagnosticsStub(channel).Run(req)  # no deadline: runs take minutes
+    messages: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=_pump, args=(call, messages), name="diag-run", daemon=True).start()
     try:
-        for msg in pb_grpc.DiagnosticsStub(channel).Run(req):  # no deadline: runs take minutes
+        while True:
+            # The stream is read on a thread so that the running test's elapsed time keeps moving
+            # between messages (a child that reports nothing sends nothing for minutes).
+            try:
+                msg = messages.get(timeout=live.tick)
+            except queue.Empty:
+                if not args.json:
+                    live.redraw()
+                continue
+            if msg is _END:
+                break
+            if isinstance(msg, grpc.RpcError):
+                raise client.error(msg, channel) from None
             # A reader that goes away (| head) does not stop the run (the daemon finishes it anyway);
             # robustctl follows it to the report so that its exit status is the outcome's.
             if args.json:
                 output.out(render.to_json(msg, indent=None), exact=True)
             else:
-                _progress(msg, tty)
+                live.show(msg)
             if msg.phase == pb.DiagnosticProgress.PHASE_DONE:
                 report = msg.report
-    except grpc.RpcError as err:
-        raise client.error(err, channel) from None
     finally:
+        call.cancel()
         channel.close()
     if report is None:
         return 4
@@ -103,18 +124,98 @@ def _run(client: Any, args: argparse.Namespace) -> int:
     return exit_code(report)
 
 
-def _progress(msg: pb.DiagnosticProgress, tty: bool) -> None:
-    """One progress line on stderr; on a terminal, PROGRESS lines redraw in place (the only raw CR we print)."""
-    bar = "#" * int(msg.percent / 5) + "." * (20 - int(msg.percent / 5))
-    line = render.printable(f"[{bar}] {msg.percent:5.1f}%  {msg.test or ''} {msg.message}".rstrip())
-    if msg.phase == pb.DiagnosticProgress.PHASE_FINISHED:
+_END = object()
+
+
+def _pump(call: Any, messages: queue.Queue[Any]) -> None:
+    """Move the Run stream's messages onto `messages`, then _END or the RpcError that ended it."""
+    try:
+        for msg in call:
+            messages.put(msg)
+        messages.put(_END)
+    except grpc.RpcError as err:
+        messages.put(err if err.code() != grpc.StatusCode.CANCELLED else _END)
+
+
+class Live:
+    """What `diag run` shows on stderr while it runs: one line per test with its elapsed time.
+
+    On a terminal the running test's line is redrawn every second (the bar, the percentage, the
+    test, how long it has run, its last progress message) and stays, with its result and time, when
+    the test finishes. In a pipe or a log each test gets a line when it starts, one every 30 s while it
+    runs, and one when it finishes: enough to see that it is alive, never a flood.
+    """
+
+    def __init__(self, tty: bool, clock: Any = time.monotonic):
+        self.tty = tty
+        self.tick = 1.0 if tty else 30.0
+        self.clock = clock
+        self.test = ""
+        self.started = 0.0
+        self.percent = 0.0
+        self.message = ""
+
+    def show(self, msg: pb.DiagnosticProgress) -> None:
+        self.percent = msg.percent
+        if msg.phase == pb.DiagnosticProgress.PHASE_STARTED:
+            self.test, self.started, self.message = msg.test, self.clock(), ""
+            self._line(self._running(), final=not self.tty)
+        elif msg.phase == pb.DiagnosticProgress.PHASE_PROGRESS:
+            self.message = msg.message
+            if self.tty:
+                self._line(self._running(), final=False)
+        elif msg.phase == pb.DiagnosticProgress.PHASE_FINISHED:
+            self._line(self._finished(msg), final=True)
+            for reason in failure_reasons(msg.results):
+                output.err(render.printable(f"    {reason}"))
+            self.test = ""
+        elif msg.phase == pb.DiagnosticProgress.PHASE_DONE:
+            self._line(f"{self._bar()}  done: {msg.message.removeprefix('OUTCOME_') or 'report follows'}", final=True)
+
+    def redraw(self) -> None:
+        """The clock moved and no message came: refresh the running test's elapsed time."""
+        if self.test:
+            self._line(self._running(), final=not self.tty)
+
+    def _bar(self) -> str:
+        filled = int(max(0.0, min(self.percent, 100.0)) / 5)
+        return f"[{'#' * filled}{'.' * (20 - filled)}] {self.percent:5.1f}%"
+
+    def _elapsed(self) -> str:
+        return format_duration(int(max(0.0, self.clock() - self.started)))
+
+    def _running(self) -> str:
+        return f"{self._bar()}  {self.test} running {self._elapsed()}  {self.message}".rstrip()
+
+    def _finished(self, msg: pb.DiagnosticProgress) -> str:
         worst = max((r.status for r in msg.results), default=pb.RESULT_PASS,
                     key=lambda s: (s == pb.RESULT_FAIL, s == pb.RESULT_ERROR, s == pb.RESULT_SKIPPED))
-        line = render.printable(f"[{bar}] {msg.percent:5.1f}%  {msg.test} finished: {STATUS.get(worst, '?')}")
-    if tty and msg.phase == pb.DiagnosticProgress.PHASE_PROGRESS:
-        output.err(f"{line[:120]:<120}", end="", cr=True)
-    else:
-        output.err(line, cr=tty)
+        return f"{self._bar()}  {msg.test} finished: {STATUS.get(worst, '?')} after {self._elapsed()}"
+
+    def _line(self, text: str, final: bool) -> None:
+        """A line on stderr; on a terminal it overwrites the running line (the only raw CR we print)."""
+        line = render.printable(text)
+        if self.tty and not final:
+            output.err(f"{line[:120]:<120}", end="", cr=True)
+        else:
+            output.err(f"{line:<120}".rstrip() if self.tty else line, cr=self.tty)
+
+
+STDERR_LINES = 5  # of a failing child's stderr tail, shown under its result
+
+
+def failure_reasons(results: Any) -> list[str]:
+    """For each FAIL or ERROR result: what failed and why, with the child's last stderr lines if it left any."""
+    out = []
+    for x in results:
+        if x.status not in (pb.RESULT_FAIL, pb.RESULT_ERROR):
+            continue
+        out.append(f"{x.test} {x.component} {STATUS.get(x.status, '?')}: {x.message or 'no message'}")
+        tail = [line for line in x.details.get("stderr", "").splitlines() if line.strip()][-STDERR_LINES:]
+        if tail:
+            out.append(f"  last stderr lines of {x.test}:")
+            out.extend(f"  | {line}" for line in tail)
+    return out
 
 
 def report_text(r: pb.DiagnosticReport) -> str:
@@ -128,7 +229,10 @@ def report_text(r: pb.DiagnosticReport) -> str:
     rows = [[x.test, x.component, STATUS.get(x.status, "?"),
              " ".join(f"{k}={v:.3g}" for k, v in sorted(x.figures.items())), x.message] for x in r.results]
     text = render.lines(head)
-    return text + ("\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows) if rows else "")
+    if rows:
+        text += "\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows)
+    reasons = failure_reasons(r.results)
+    return text + ("\n\nwhy:\n" + render.lines(reasons) if reasons else "")
 
 
 def _list_text(reports: Any) -> str:

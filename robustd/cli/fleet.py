@@ -39,9 +39,12 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
         v.add_argument("--hosts-file", metavar="FILE", help="more hosts, one per line (# comments)")
         return v
 
-    hosts(verb("status", "every host's verdict in one table (concurrent GetVerdict; unreachable hosts listed)"))
+    hosts(verb("status", "every host's verdict in one table (concurrent GetVerdict; unreachable hosts listed)",
+               "robustctl fleet status node1 node2:7070 unix:/run/robustd/robustd.sock\n"
+               "robustctl fleet status --hosts-file hosts.txt --json"))
     st = hosts(verb("stacks", "capture the training processes' stacks on every host and name the parallel "
-                              "group the outlier ranks share"))
+                              "group the outlier ranks share",
+                    "robustctl fleet stacks --hosts-file hosts.txt --layout tp=8,pp=4,dp=16 --fail-slow"))
     st.add_argument("--layout", required=True, type=parse_layout, metavar="tp=T,pp=P,dp=D[,order=tp-dp-pp]",
                     help="parallel layout; rank order fastest first (Megatron's default tp-dp-pp)")
     st.add_argument("--fail-slow", action="store_true", help="fail-slow mode: 5 rounds 10 s apart, evict the "
@@ -53,11 +56,15 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     st.add_argument("--capture-timeout", type=positive_duration, default=None, metavar="DURATION",
                     help="per-process py-spy deadline (default: each daemon's tracer.timeout)")
     layout(verb("replay-plan", "dual-phase replay: the horizontal and vertical groupings "
-                               "(m = k*PP machines per group, n = machines/m groups, m <= n)"))
-    loc = layout(verb("replay-locate", "dual-phase replay: the machine in both failing groups"))
+                               "(m = k*PP machines per group, n = machines/m groups, m <= n)",
+                "robustctl fleet replay-plan --machines 64 --pp 4 --k 2"))
+    loc = layout(verb("replay-locate", "dual-phase replay: the machine in both failing groups",
+                      "robustctl fleet replay-locate --machines 64 --pp 4 --k 2 --failed-horizontal 3 "
+                      "--failed-vertical 5"))
     loc.add_argument("--failed-horizontal", type=int, required=True, metavar="I", help="failing phase-1 group")
     loc.add_argument("--failed-vertical", type=int, required=True, metavar="J", help="failing phase-2 group")
-    s = verb("standby", "warm spares covering a quantile (P99) of a binomial model of daily failures")
+    s = verb("standby", "warm spares covering a quantile (P99) of a binomial model of daily failures",
+             "robustctl fleet standby --machines 1024 --failure-prob 0.001")
     s.add_argument("--machines", type=int, required=True, metavar="N", help="machines in the job")
     s.add_argument("--failure-prob", type=float, required=True, metavar="P",
                    help="per-machine failure probability over the period (e.g. daily)")

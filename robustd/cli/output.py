@@ -16,16 +16,35 @@ import os
 import sys
 from typing import IO
 
-from robustd.cli.render import printable, terminal
+from robustd.cli.render import plain, printable, terminal
 
 
-def out(text: str, *, exact: bool = False) -> bool:
+def out(text: str, *, exact: bool = False, colour: bool = False) -> bool:
     """Print one block of output on stdout; False when stdout's reader is gone.
 
     Human text passes `terminal` as a last line of defence (its renderers already escaped each
     field); `exact=True` is for JSON, which is ASCII with its own escapes and must stay the data.
+    `colour=True` lets through the severity colours render.paint added, and only when everything
+    else in the block is already terminal-safe; otherwise the whole block is escaped, colours and all
+    (a renderer forgot a field: the operator sees every escape, none acts).
     """
-    return write((text if exact else terminal(text)) + "\n", sys.stdout)
+    if exact:
+        return write(text + "\n", sys.stdout)
+    if colour:
+        bare = plain(text)
+        return write((text if terminal(bare) == bare else terminal(text)) + "\n", sys.stdout)
+    return write(terminal(text) + "\n", sys.stdout)
+
+
+def use_colour(stream: IO[str]) -> bool:
+    """Colour only for a person: `stream` is a terminal, NO_COLOR (https://no-color.org) is unset or
+    empty, and TERM is not `dumb`. Pipes, files and `watch | grep` get plain text."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def err(line: str, *, end: str = "\n", cr: bool = False) -> bool:

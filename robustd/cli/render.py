@@ -40,6 +40,13 @@ _NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _NOT_PLAIN = re.compile(r"[^\x20-\x7e]")  # candidates only; printable ASCII is never looked at twice
 _CUT_ESCAPE = re.compile(r"\\(?:x[0-9a-f]?|u[0-9a-f]{0,3}|U[0-9a-f]{0,7})?$")
 
+# Colour marks severities only (robustctl turns it on for a terminal without NO_COLOR). These SGR
+# sequences are the only raw escapes robustctl ever prints: `plain` strips exactly them, so output.py
+# can check that everything else in a coloured block was escaped like any other human output.
+_SEVERITY_SGR = {"CRITICAL": "\x1b[1;31m", "WARNING": "\x1b[33m", "OK": "\x1b[32m"}
+_RESET = "\x1b[0m"
+_OUR_SGR = re.compile(r"\x1b\[(?:1;31|33|32|0)m")
+
 
 def _escape(match: re.Match[str]) -> str:
     ch = match.group()
@@ -70,6 +77,17 @@ def terminal(text: str) -> str:
     are escaped where they are laid out, so a newline inside one never splits a row.
     """
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def paint(name: str, colour: bool) -> str:
+    """A severity name (`CRITICAL`, `WARNING`, `OK`) in its colour when `colour`; anything else as it is."""
+    sgr = _SEVERITY_SGR.get(name) if colour else None
+    return f"{sgr}{name}{_RESET}" if sgr else name
+
+
+def plain(text: str) -> str:
+    """`text` without the colour `paint` added (and nothing else removed)."""
+    return _OUR_SGR.sub("", text)
 
 
 def lines(parts: Iterable[str]) -> str:
@@ -151,8 +169,10 @@ def truncate(text: str, width: int) -> str:
     return _CUT_ESCAPE.sub("", text[: width - len(_ELLIPSIS)]) + _ELLIPSIS
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int = DEFAULT_WIDTH) -> str:
-    """Left-aligned columns; the last column is cut so each line fits `width` when it can.
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = DEFAULT_WIDTH,
+          colour_column: int | None = None, colour: bool = False) -> str:
+    """Left-aligned columns; the last column is cut so each line fits `width` when it can (None: never cut,
+    `--wide`). With `colour`, the severity names in `colour_column` are painted after the padding.
 
     Every cell is made `printable` here, so no caller can forget an outside field.
     """
@@ -162,11 +182,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int = DE
         for i, cell in enumerate(row[:-1]):
             widths[i] = max(widths[i], len(cell))
     fixed = sum(widths[:-1]) + 2 * (len(headers) - 1)
-    last_width = max(width - fixed, _MIN_MESSAGE)
+    last_width = None if width is None else max(width - fixed, _MIN_MESSAGE)
     out = []
-    for row in [list(headers), *rows]:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
-        cells.append(truncate(row[-1], last_width))
+    for n, row in enumerate([list(headers), *rows]):
+        cells = [paint(cell, colour and n > 0 and i == colour_column) + " " * (widths[i] - len(cell))
+                 for i, cell in enumerate(row[:-1])]
+        cells.append(row[-1] if last_width is None else truncate(row[-1], last_width))
         out.append("  ".join(cells).rstrip())
     return "\n".join(out)
 
@@ -175,11 +196,13 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def verdict_summary(v: pb.Verdict) -> str:
+def verdict_summary(v: pb.Verdict, colour: bool = False) -> str:
     """The one line a person or a log grep needs: node, severity, action, how many, where in the log."""
     sev = severity_name(v.severity)
     action = "" if v.action in (pb.ACTION_NONE, pb.ACTION_UNSPECIFIED) else f" (action {action_name(v.action)})"
-    out = [f"node {v.node}: {sev}{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"]
+    first = (printable(f"node {v.node}: ") + paint(sev, colour)
+             + printable(f"{action}, {plural(len(v.conditions), 'condition')}, seq {v.seq}"))
+    out: list[str] = []
     if v.emulated:
         out.append(f"EMULATED: {', '.join(v.emulated)} (not real hardware)")
     if v.event_log_error:
@@ -188,30 +211,31 @@ def verdict_summary(v: pb.Verdict) -> str:
     if v.conditions_omitted or v.conditions_trimmed:
         out.append(f"TOO BIG TO SEND WHOLE: {plural(v.conditions_omitted, 'condition')} left out, "
                    f"{v.conditions_trimmed} shown without evidence or message (the severity counts them all)")
-    return lines(out)
+    return "\n".join([first, lines(out)]) if out else first
 
 
-def verdict_text(v: pb.Verdict, now: float, width: int = DEFAULT_WIDTH) -> str:
+def verdict_text(v: pb.Verdict, now: float, width: int | None = DEFAULT_WIDTH, colour: bool = False) -> str:
     """Summary line, then the conditions worst first."""
-    summary = verdict_summary(v)
+    summary = verdict_summary(v, colour)
     if not v.conditions:
         return summary
     conds = sorted(v.conditions, key=lambda c: (-c.severity, c.component, c.code))
     rows = [[severity_name(c.severity), c.component, c.code, action_name(c.action), str(c.count),
              relative(c.last_seen, now), "sticky" if c.sticky else "", c.message] for c in conds]
     headers = ["SEVERITY", "COMPONENT", "CODE", "ACTION", "COUNT", "LAST SEEN", "STICKY", "MESSAGE"]
-    return summary + "\n" + table(headers, rows, width)
+    return summary + "\n" + table(headers, rows, width, colour_column=0, colour=colour)
 
 
-def event_line(e: pb.Event) -> str:
+def event_line(e: pb.Event, colour: bool = False) -> str:
     """One event per line for `watch` and `ack`: time, seq, kind, severity, component, code, message."""
     c = e.condition
     mark = " [snapshot]" if e.snapshot else ""
-    return printable(f"{local_time(e.at)}  seq {e.seq}  {kind_name(e.kind)}{mark}  {severity_name(c.severity)}  "
-                     f"{c.component}  {c.code}  {c.message}").rstrip()
+    head = printable(f"{local_time(e.at)}  seq {e.seq}  {kind_name(e.kind)}{mark}  ")
+    tail = printable(f"  {c.component}  {c.code}  {c.message}").rstrip()
+    return head + paint(severity_name(c.severity), colour) + tail
 
 
-def events_text(resp: pb.ListEventsResponse, width: int = DEFAULT_WIDTH) -> str:
+def events_text(resp: pb.ListEventsResponse, width: int | None = DEFAULT_WIDTH, colour: bool = False) -> str:
     if not resp.events:
         return "no events"
     rows = [[local_time(e.at), str(e.seq), kind_name(e.kind), severity_name(e.condition.severity),
@@ -219,10 +243,10 @@ def events_text(resp: pb.ListEventsResponse, width: int = DEFAULT_WIDTH) -> str:
     headers = ["TIME", "SEQ", "KIND", "SEVERITY", "COMPONENT", "CODE", "MESSAGE"]
     more = (f"\n(cut at the message limit: {plural(len(resp.events), 'event')} shown; newer ones follow seq "
             f"{resp.next_after_seq}, e.g. robustctl watch --from-seq {resp.next_after_seq})" if resp.truncated else "")
-    return table(headers, rows, width) + more
+    return table(headers, rows, width, colour_column=3, colour=colour) + more
 
 
-def checks_text(resp: pb.ListChecksResponse, now: float, width: int = DEFAULT_WIDTH) -> str:
+def checks_text(resp: pb.ListChecksResponse, now: float, width: int | None = DEFAULT_WIDTH) -> str:
     if not resp.checks:
         return "no checks"
     rows = [[c.name, "yes" if c.enabled else "no", c.mode or "-", duration(c.interval),

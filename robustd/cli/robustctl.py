@@ -25,8 +25,8 @@ import grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.cli import output, render
-from robustd.cli.args import duration, positive_duration, verbs
+from robustd.cli import completion, output, render
+from robustd.cli.args import duration, examples, positive_duration, verbs
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
 from robustd.roots import DEFAULT_SOCKET
 
@@ -99,58 +99,91 @@ def _add_globals(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--json", action="store_true", default=d(False), help="print JSON instead of tables")
 
 
+def _wide(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--wide", action="store_true", help="full messages: do not cut the last column to the terminal")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="robustctl", description="Query the robustd node health daemon.",
-                     epilog="exit codes: 0 OK, 1 WARNING, 2 CRITICAL (status; others 0 on success), "
-                            "3 daemon unreachable, 4 other RPC error, 64 usage error")
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog=examples("export ROBUSTD_SOCKET=$PWD/run/robustd.sock   # the daemon `make run` starts",
+                                     "robustctl status", "robustctl events --since 1h --min-severity warning",
+                                     "robustctl ack gpu/0000:1b:00.0 XID_79 --reason 'GPU reseated'")
+                     + "\n\nexit codes: 0 OK, 1 WARNING, 2 CRITICAL (status; others 0 on success),\n"
+                       "  3 daemon unreachable, 4 other RPC error, 64 usage error\n\n"
+                       "environment: ROBUSTD_SOCKET (the daemon's socket), NO_COLOR (no colour even on a terminal)")
     _add_globals(parser, defaults=True)
     verb = verbs(parser, "command", _add_globals)
 
-    verb("status", "the node's verdict; exit 0 OK, 1 WARNING, 2 CRITICAL")
-    w = verb("watch", "stream condition changes as they happen")
+    s = verb("status", "the node's verdict; exit 0 OK, 1 WARNING, 2 CRITICAL",
+             "robustctl status\nrobustctl status --wide || echo 'not OK: exit status' $?")
+    _wide(s)
+    w = verb("watch", "stream condition changes as they happen",
+             "robustctl watch\nrobustctl watch --json --from-seq 1   # every event in the log, then live ones")
     w.add_argument("--from-seq", type=_non_negative, default=0, metavar="N",
                    help="resume after event N (default: a snapshot, then live events)")
-    e = verb("events", "list past events")
+    e = verb("events", "list past events",
+             "robustctl events --since 1h\nrobustctl events --component gpu/ --min-severity warning --limit 20 --wide")
+    _wide(e)
     e.add_argument("--since", type=duration, metavar="DURATION", help="only events newer than now minus this")
     e.add_argument("--component", default="", help="exact component, or a prefix ending in / (gpu/)")
     e.add_argument("--min-severity", type=_severity, default=0, metavar="{ok,warning,critical}")
     e.add_argument("--limit", type=_non_negative, default=0, metavar="N", help="newest N matches (default 100)")
-    verb("checks", "the checks and how their last runs went")
-    a = verb("ack", "acknowledge (clear) a condition, e.g. a sticky fault after repair")
-    a.add_argument("component")
-    a.add_argument("code")
+    _wide(verb("checks", "the checks and how their last runs went", "robustctl checks --wide"))
+    a = verb("ack", "acknowledge (clear) a condition, e.g. a sticky fault after repair",
+             "robustctl ack gpu/0000:1b:00.0 XID_79 --reason 'GPU reseated, RMA 1234'")
+    completion.live(a.add_argument("component", help="as `robustctl status` shows it (completes from the verdict)"),
+                    "component")
+    completion.live(a.add_argument("code", help="the condition's code, e.g. XID_79 (completes from the verdict)"),
+                    "code")
     a.add_argument("--reason", default="", help="why, for the event log")
     from robustd.cli import sim
 
-    sim.add_parser(verb("sim", "edit the NVML emulator's state file (hosts without GPUs; no daemon needed)"))
+    sim.add_parser(verb("sim", "edit the NVML emulator's state file (hosts without GPUs; no daemon needed)",
+                        "robustctl sim --state var/nvml.state fault gpu 3 ecc-dbe\n"
+                        "robustctl sim --state var/nvml.state clear gpu 3"))
     from robustd.cli import diag
 
-    diag.add_parser(verb("diag", "stop-time diagnostics: run, list, show, cancel; golden digests"), _add_globals)
+    diag.add_parser(verb("diag", "stop-time diagnostics: run, list, show, cancel; golden digests",
+                         "robustctl diag run --level quick\nrobustctl diag list"), _add_globals)
     from robustd.cli import fleet
 
     fleet.add_parser(verb("fleet", "many daemons: status, stacks (outlier parallel groups); planning: "
-                                   "dual-phase replay plan/locate, warm-standby sizing"), _add_globals)
+                                   "dual-phase replay plan/locate, warm-standby sizing",
+                          "robustctl fleet status unix:run/robustd.sock\n"
+                          "robustctl fleet standby --machines 1024 --failure-prob 0.001"), _add_globals)
     from robustd.cli import stragglers
 
     stragglers.add_parser(verb("stragglers", "straggler what-if analysis of a training trace: slowdown, "
-                                             "per-worker/stage attribution, causes (no daemon needed)"), _add_globals)
+                                             "per-worker/stage attribution, causes (no daemon needed)",
+                               "robustctl stragglers analyze --metadata tests/fixtures/stragglers/meta-AR.yaml "
+                               "--trace tests/fixtures/stragglers/trace-AR.parquet"), _add_globals)
     from robustd.cli import slurm
 
-    slurm.add_parser(verb("slurm", "Slurm hooks (healthcheck, prolog, epilog) and robustd-slurm's status"),
-                     _add_globals)
+    slurm.add_parser(verb("slurm", "Slurm hooks (healthcheck, prolog, epilog) and robustd-slurm's status",
+                          "robustctl slurm status"), _add_globals)
     from robustd.cli import trace
 
-    trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)"),
-                        _timeout)
+    trace.add_arguments(verb("trace", "stacks of this node's training processes (py-spy; authorized callers only)",
+                             "robustctl trace\nrobustctl trace --rank 3 --native"), _timeout)
     from robustd.cli import triage
 
     triage.add_arguments(verb("triage", "why a job failed, from its logs and exit status: failure class, whether "
-                                        "infrastructure is to blame, the next step (no daemon needed)"))
+                                        "infrastructure is to blame, the next step (no daemon needed)",
+                              "robustctl triage --exit-code 1 examples/triage/nccl-ib/"))
     return parser
 
 
-def _width() -> int:
+def _width(args: argparse.Namespace | None = None) -> int | None:
+    """The table width: the terminal's (or COLUMNS), None (no cut) with --wide."""
+    if args is not None and getattr(args, "wide", False):
+        return None
     return shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns
+
+
+def _colour() -> bool:
+    return output.use_colour(sys.stdout)
 
 
 def _print(text: str, exact: bool = False) -> bool:
@@ -164,7 +197,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         _print(render.to_json(v), exact=True)
     else:
         now = v.at.ToNanoseconds() / 1e9 if v.HasField("at") else time.time()
-        _print(render.verdict_text(v, now, _width()))
+        colour = _colour()
+        output.out(render.verdict_text(v, now, _width(args), colour), colour=colour)
     return _SEVERITY_EXIT.get(v.severity, 0)
 
 
@@ -173,20 +207,29 @@ def cmd_events(client: Client, args: argparse.Namespace) -> int:
     if args.since is not None:
         req.since.FromNanoseconds(int((time.time() - args.since) * 1e9))
     resp: pb.ListEventsResponse = client.call("ListEvents", req)
-    _print(render.to_json(resp) if args.json else render.events_text(resp, _width()), exact=args.json)
+    if args.json:
+        _print(render.to_json(resp), exact=True)
+    else:
+        colour = _colour()
+        output.out(render.events_text(resp, _width(args), colour), colour=colour)
     return 0
 
 
 def cmd_checks(client: Client, args: argparse.Namespace) -> int:
     resp: pb.ListChecksResponse = client.call("ListChecks", pb.ListChecksRequest())
-    _print(render.to_json(resp) if args.json else render.checks_text(resp, time.time(), _width()), exact=args.json)
+    _print(render.to_json(resp) if args.json else render.checks_text(resp, time.time(), _width(args)),
+           exact=args.json)
     return 0
 
 
 def cmd_ack(client: Client, args: argparse.Namespace) -> int:
     req = pb.AcknowledgeRequest(component=args.component, code=args.code, reason=args.reason)
     resp: pb.AcknowledgeResponse = client.call("Acknowledge", req)
-    _print(render.to_json(resp.event) if args.json else render.event_line(resp.event), exact=args.json)
+    if args.json:
+        _print(render.to_json(resp.event), exact=True)
+    else:
+        colour = _colour()
+        output.out(render.event_line(resp.event, colour), colour=colour)
     return 0
 
 
@@ -202,6 +245,7 @@ def cmd_watch(client: Client, args: argparse.Namespace) -> int:
 def _watch(client: Client, args: argparse.Namespace) -> int:
     """Print events forever; on a broken stream resume after the last seq printed, so none is lost or doubled."""
     last = args.from_seq
+    colour = not args.json and _colour()
     established = False
     backoff = 0.1
     while True:
@@ -222,7 +266,8 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
                 if not ev.snapshot and ev.seq <= last:
                     continue  # already printed before a reconnect
                 last = max(last, ev.seq)
-                if not _print(render.to_json(ev, indent=None) if args.json else render.event_line(ev), args.json):
+                text = render.to_json(ev, indent=None) if args.json else render.event_line(ev, colour)
+                if not output.out(text, exact=args.json, colour=colour):
                     return 0  # nobody reads any more (| head): the one way a watch ends by itself
             reason = "the daemon closed the stream"
         except grpc.RpcError as err:
@@ -341,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    completion.autocomplete(parser)  # returns at once unless the shell asked for completions
     args = parser.parse_args(argv)
     if args.socket and args.address:
         parser.error("give --socket or --address, not both")
