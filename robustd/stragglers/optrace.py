@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 REQUIRED_COLUMNS = ("dp_rank", "stage", "step", "optype", "start_ts", "duration", "seq_id")
 META_KEYS = ("dp_size", "pp_size", "tp_size", "dsp_size", "world_size")
@@ -106,6 +105,8 @@ def meta_from_dict(d: object, where: str = "metadata") -> Meta:
 
 def load_metadata(path: str | Path) -> Meta:
     """Parse the job metadata YAML. OSError if it cannot be read; OpTraceError if it is malformed."""
+    import yaml  # here, not at the top: the recorder imports this package in training processes
+
     text = Path(path).read_text()
     try:
         d = yaml.safe_load(text)
