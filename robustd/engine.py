@@ -320,8 +320,10 @@ class Engine:
                 listener(done)
             for before, ev in zip(batch, done, strict=True):
                 c = ev.condition
+                # The upper-case extras become journal fields (journalctl -o json, or COMPONENT=gpu/...).
                 log.info("%s %s %s %s seq=%d: %s", ev.kind.name, c.severity.name, c.component, c.code, ev.seq,
-                         c.message)
+                         c.message, extra={"SEVERITY": c.severity.name, "COMPONENT": c.component, "CODE": c.code,
+                                           "ACTION": c.action.name, "EVENT": ev.kind.name, "SEQ": ev.seq})
                 if (fut := self._waiters.get(id(before))) is not None and not fut.done():
                     fut.set_result(ev)
         self._flush()  # what was decided while this write ran

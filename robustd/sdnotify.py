@@ -88,3 +88,24 @@ def setup_logging(level: str, identifier: str = "robustd") -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
+
+
+def fatal(text: str) -> None:
+    """Why the program cannot start, on stderr; at priority err when stderr is the journal.
+
+    Under systemd, stderr lines are stored at priority info, so `journalctl -p err` would show only
+    systemd's "Failed to start"; a `<3>` prefix (SyslogLevelPrefix=, on by default) files each line
+    at err. JOURNAL_STREAM names the stream systemd connected, so a redirected stderr gets no prefix.
+    """
+    prefix = "<3>" if _stderr_is_journal() else ""
+    sys.stderr.write("".join(f"{prefix}{line}\n" for line in text.splitlines() or [""]))
+    sys.stderr.flush()
+
+
+def _stderr_is_journal() -> bool:
+    dev, _, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat(sys.stderr.fileno())
+        return bool(ino) and (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (OSError, ValueError, AttributeError):
+        return False
