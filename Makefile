@@ -5,9 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv lintian rpm systemd openssl \
-	slurmctld slurmd slurm-client munge
+	slurmctld slurmd slurm-client munge debootstrap prometheus
 
-.PHONY: run test lint proto bench deps clean deb rpm
+.PHONY: run test lint proto man bench deps clean deb rpm k8s-e2e
 
 # Debian packages robustd's build and tests need; installed only when run as root and missing.
 deps:
@@ -20,8 +20,10 @@ deps:
 	fi
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-analysis.txt pyproject.toml | deps
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@test -x $(PY) || { echo "[1/3] creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "[2/3] installing the pinned requirements into $(VENV) (the first time takes minutes: torch is large)"
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off -r requirements-dev.txt
+	@echo "[3/3] installing robustd itself (editable)"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $(STAMP)
 
@@ -32,6 +34,7 @@ DEV_CONFIG ?= $(if $(HAVE_DRIVER),etc/robustd.dev.yaml,etc/robustd.dev-emulated.
 run: $(STAMP)
 	@mkdir -p run var
 	@if [ "$(DEV_CONFIG)" = etc/robustd.dev-emulated.yaml ] && [ ! -f var/nvml.state ]; then \
+	  echo "no NVIDIA driver: emulating an 8-GPU node in var/nvml.state"; \
 	  $(VENV)/bin/robustctl sim --state var/nvml.state init --gpus 8; fi
 	@echo "robustd with $(DEV_CONFIG): socket ./run/robustd.sock, state ./var/, metrics http://127.0.0.1:9400/metrics"
 	@echo "In another shell:  export ROBUSTD_SOCKET=$$PWD/run/robustd.sock; $(VENV)/bin/robustctl status"
@@ -49,6 +52,10 @@ lint: $(STAMP)
 proto: $(STAMP)
 	PYTHON=$(PY) scripts/gen-proto.sh
 
+# Man pages (man/) and shell completion (packaging/completion/) from the argument parsers; committed.
+man: $(STAMP)
+	$(PY) scripts/gen-man.py
+
 bench: $(STAMP)
 	$(PY) bench/detect_kmsg.py
 	$(PY) bench/rules.py
@@ -60,6 +67,13 @@ bench: $(STAMP)
 	$(PY) bench/stragglers.py
 	$(PY) bench/shutdown.py
 	$(PY) bench/slurm.py
+	$(PY) bench/k8s.py
+
+# robustd-k8s's scenarios (tests/test_k8s.py) against a real cluster instead of the API-server stand-in: the
+# cluster in $$KUBECONFIG (e.g. `kind create cluster`), on its first node, as root. Not part of `make test`.
+k8s-e2e: $(STAMP)
+	@test -n "$$KUBECONFIG" || { echo "k8s-e2e: set KUBECONFIG to a cluster you may write node status to" >&2; exit 2; }
+	ROBUSTD_K8S_E2E=1 $(VENV)/bin/pytest -q tests/test_k8s.py
 
 # Packages (packaging/build.sh; README "Install"). PKG_DIR: where they go. ROBUSTD_VERSION overrides the version.
 PKG_DIR ?= dist

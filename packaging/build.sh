@@ -18,7 +18,7 @@ PYBIN=$repo/.venv/bin/python
 # 1. The source as git sees it (tracked + untracked, not ignored), with the version stamped in.
 src=$work/src
 mkdir -p "$src"
-(cd "$repo" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md robustd checks etc systemd | while IFS= read -r -d '' f; do
+(cd "$repo" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md robustd checks etc systemd man packaging/completion | while IFS= read -r -d '' f; do
     [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp -d --parents -t "$src")
 version=${ROBUSTD_VERSION:-$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$src/robustd/__init__.py")}
 [[ $version =~ ^[0-9]+(\.[0-9]+)*([a-z0-9.+~]*)$ ]] || { echo "bad version: $version" >&2; exit 1; }
@@ -34,19 +34,20 @@ rm -rf "$src/build"
 echo "$version" > "$wheels/VERSION"
 
 # 3. The installed tree (everything but the venv, which postinst/%post creates from the wheels).
-stage() {  # stage ROOT UNITDIR
-    local root=$1 unitdir=$2
+stage() {  # stage ROOT UNITDIR ZSHDIR
+    local root=$1 unitdir=$2 zshdir=$3
     install -d "$root/opt/robustd/wheels" "$root/usr/bin" "$root/etc/robustd" "$root$unitdir" \
         "$root/usr/share/robustd/proto" "$root/usr/share/doc/robustd"
     install -m 0644 "$wheels"/* "$root/opt/robustd/wheels/"
     install -m 0755 "$here/make-venv.sh" "$root/opt/robustd/make-venv.sh"
-    for b in robustd robustctl robustd-slurm; do
+    for b in robustd robustctl robustd-slurm robustd-k8s; do
         printf '#!/bin/sh\nexec /opt/robustd/bin/%s "$@"\n' "$b" > "$root/usr/bin/$b"
         chmod 0755 "$root/usr/bin/$b"
     done
     install -m 0644 "$src/etc/robustd.yaml" "$root/etc/robustd/robustd.yaml"
     install -m 0644 "$src/systemd/robustd.service" "$root$unitdir/robustd.service"
     install -m 0644 "$src/systemd/robustd-slurm.service" "$root$unitdir/robustd-slurm.service"  # disabled by default
+    install -m 0644 "$src/systemd/robustd-k8s.service" "$root$unitdir/robustd-k8s.service"  # disabled by default
     # slurm.conf takes a program path without arguments: HealthCheckProgram=/usr/lib/robustd/slurm/healthcheck, ...
     install -d "$root/usr/lib/robustd/slurm"
     for h in healthcheck prolog epilog; do
@@ -56,11 +57,20 @@ stage() {  # stage ROOT UNITDIR
     done
     install -m 0644 "$src"/robustd/api/v1/*.proto "$root/usr/share/robustd/proto/"
     install -m 0644 "$src/README.md" "$root/usr/share/doc/robustd/README.md"
+    # Man pages (man/, `make man`: one per console script) and robustctl's bash and zsh completion.
+    install -d "$root/usr/share/man/man1" "$root/usr/share/man/man8" "$root/usr/share/bash-completion/completions" \
+        "$root$zshdir"
+    for m in "$src"/man/*.[18]; do
+        gzip -9n -c "$m" > "$root/usr/share/man/man${m##*.}/$(basename "$m").gz"
+        chmod 0644 "$root/usr/share/man/man${m##*.}/$(basename "$m").gz"
+    done
+    install -m 0644 "$src/packaging/completion/robustctl" "$root/usr/share/bash-completion/completions/robustctl"
+    install -m 0644 "$src/packaging/completion/robustctl" "$root$zshdir/_robustctl"
 }
 
 if [ "$kind" = deb ]; then
     root=$work/deb
-    stage "$root" /lib/systemd/system
+    stage "$root" /lib/systemd/system /usr/share/zsh/vendor-completions
     sed "s/@VERSION@/$version-$release/" "$here/deb/changelog.in" | gzip -9n > "$root/usr/share/doc/robustd/changelog.Debian.gz"
     install -m 0644 "$here/deb/copyright" "$root/usr/share/doc/robustd/copyright"
     install -D -m 0644 "$here/deb/lintian-overrides" "$root/usr/share/lintian/overrides/robustd"
@@ -76,7 +86,7 @@ if [ "$kind" = deb ]; then
 elif [ "$kind" = rpm ]; then
     top=$work/rpmbuild
     mkdir -p "$top"/{BUILD,RPMS,SOURCES,SPECS,SRPMS}
-    stage "$top/stage" /usr/lib/systemd/system
+    stage "$top/stage" /usr/lib/systemd/system /usr/share/zsh/site-functions
     rpmbuild -bb --quiet \
         --define "_topdir $top" --define "_unitdir /usr/lib/systemd/system" \
         --define "stage $top/stage" --define "pkgversion $version" --define "pkgrelease $release" \

@@ -5,15 +5,19 @@ The key names here are a public contract (operators and tools write them); exten
 
 from __future__ import annotations
 
+import collections.abc
+import difflib
 import re
 import socket
+import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Iterable, Literal, Mapping
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from robustd import yamlpos
+from robustd.adapters.k8s.config import K8sConfig
 from robustd.adapters.slurm.config import SlurmConfig, known_levels
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
@@ -107,6 +111,17 @@ class AuthzConfig(Strict):
 
 class MetricsConfig(Strict):
     address: str | None = None  # host:port for the Prometheus endpoint; unset = off
+    # robustd_condition series per scrape (most severe first); the rest are counted as dropped.
+    max_condition_series: int = Field(default=1000, ge=0, le=1_000_000)
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, address: str | None) -> str | None:
+        if address:
+            from robustd.metrics_http import split_address  # late: keeps config free of prometheus_client
+
+            split_address(address)
+        return address
 
 
 class RetentionConfig(Strict):
@@ -216,6 +231,8 @@ class Config(Strict):
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
     # Read by robustd-slurm and `robustctl slurm` only; the daemon validates it and never acts on it.
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+    # Read by robustd-k8s only; validated here like `slurm`, never acted on by the daemon.
+    k8s: K8sConfig = Field(default_factory=K8sConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -223,7 +240,7 @@ class Config(Strict):
         """`metrics:` with only comments under it means the defaults, not an error."""
         if isinstance(data, dict):
             sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks",
-                        "slurm")
+                        "slurm", "k8s")
             return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
         return data
 
@@ -287,7 +304,7 @@ def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckCon
     try:
         config = Config.model_validate(data)
     except ValidationError as e:
-        problems += _describe(e, (), root, source)
+        problems += _describe(e, (), root, source, Config)
 
     checks: dict[str, CheckConfig] = {}
     raw_checks = data.get("checks") or {}
@@ -295,14 +312,14 @@ def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckCon
         for name in raw_checks:
             if name not in check_types:
                 known = ", ".join(sorted(check_types)) or "none"
-                problems.append(f"{yamlpos.where(root, ('checks', name), source)}: checks.{name}: unknown check "
-                                f"(known: {known})")
+                problems.append(f"{yamlpos.where(root, ('checks', name), source)}: checks.{name}: unknown check"
+                                f"{_did_you_mean(str(name), check_types)} (known: {known})")
         for name, model in check_types.items():
             section = raw_checks.get(name)
             try:
                 checks[name] = model.model_validate(section if section is not None else {})
             except ValidationError as e:
-                problems += _describe(e, ("checks", name), root, source)
+                problems += _describe(e, ("checks", name), root, source, model)
     if problems or config is None:
         raise ConfigError(problems)
     return Settings(config=config, checks=checks, source=source)
@@ -314,13 +331,17 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
     data[path[-1]] = value
 
 
-def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | None, source: str) -> list[str]:
+def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | None, source: str,
+              model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem: where (file:line), which key, what is wrong; an unknown key gets the
+    nearest valid key at its level (`did you mean `clear_after`?`), as a typo is the usual cause."""
     out = []
     for item in err.errors():
         loc = prefix + tuple(item["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         if item["type"] == "extra_forbidden":
-            msg = "unknown key"
+            known = _keys_at(model, tuple(item["loc"])[:-1]) if model is not None else []
+            msg = "unknown key" + _did_you_mean(str(item["loc"][-1]), known)
         elif item["type"] == "missing":
             msg = "required key is missing"
         else:
@@ -329,3 +350,38 @@ def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | N
                 msg += f" (got {item['input']!r})"
         out.append(f"{yamlpos.where(root, loc, source)}: {key}: {msg}")
     return out
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean `x`?)` for the closest of `choices` to a mistyped `word`, or nothing."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys the config accepts at `loc` under `model` (following nested models, their optionals and
+    the values of dict fields); [] where the schema is not a model there."""
+    current: Any = model
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        if typing.get_origin(current) in (dict, collections.abc.Mapping):
+            current = typing.get_args(current)[-1] if typing.get_args(current) else None  # `part`: a free key
+            continue
+        target = _model_in(current)
+        if target is None or not isinstance(part, str) or part not in target.model_fields:
+            return []
+        current = target.model_fields[part].annotation
+    target = _model_in(current)
+    return [f.alias or name for name, f in target.model_fields.items()] if target is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The BaseModel in an annotation such as `X`, `X | None` or `Annotated[X, ...]`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -43,7 +43,7 @@ from robustd.policy import Policy
 from robustd.reload import ADAPTER_KEYS, RESTART_KEYS, changed_keys  # noqa: F401 - importable from here
 from robustd.roots import DEFAULT_CONFIG, read_boot_id
 from robustd.runner import Runner
-from robustd.sdnotify import Notifier, setup_logging
+from robustd.sdnotify import Notifier, fatal, setup_logging
 from robustd.startup import StartError, check_port, lock_state_dir, prepare_socket_path  # noqa: F401
 from robustd.store import Store
 from robustd.writer import ThreadWriter
@@ -72,6 +72,7 @@ class Daemon:
         self.ticker: asyncio.Task[None] | None = None
         self.server: grpc.aio.Server | None = None
         self.metrics_server: Any = None
+        self.last_watchdog: float | None = None  # time.monotonic() of the last WATCHDOG=1 (robustd/metrics.py)
         self.socket_id: tuple[int, int] | None = None
         self.state_lock: int | None = None
 
@@ -230,8 +231,16 @@ class Daemon:
         return grpc_server
 
     def _start_metrics(self) -> None:
-        self.metrics_server = server.start_metrics(self.settings.config.metrics.address, self.engine.view,
-                                                   self.settings.config.node_name, lambda: self.runner.states)
+        from robustd.metrics import DaemonProbe
+
+        probe = DaemonProbe(watchdog_interval=lambda: self.notifier.watchdog_interval,
+                            last_watchdog=lambda: self.last_watchdog, last_tick=lambda: self.runner.last_tick,
+                            diagnostic_outcomes=lambda: self.diag.outcomes,
+                            diagnostic_running=lambda: self.diag.running is not None)
+        metrics = self.settings.config.metrics
+        self.metrics_server = server.start_metrics(metrics.address or "", self.engine.view,
+                                                   self.settings.config.node_name, lambda: self.runner.states,
+                                                   metrics.max_condition_series, probe)
 
     # -- running -------------------------------------------------------------------------------
     async def _tick_loop(self) -> None:
@@ -249,7 +258,7 @@ class Daemon:
             # Ping only while checks are being scheduled: a wedged runner must let systemd restart us.
             if dog and now - last_dog >= dog and now - self.runner.last_tick < max(dog, 2.0):
                 self.notifier.watchdog()
-                last_dog = now
+                self.last_watchdog = last_dog = now
             status = self._summary()
             if status != last_status:
                 self.notifier.status(status)
@@ -350,7 +359,13 @@ def _exit(code: int) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="robustd", description="Node health daemon for GPU training hosts.")
+    p = argparse.ArgumentParser(
+        prog="robustd", description="Node health daemon for GPU training hosts.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  robustd --check-config --config /etc/robustd/robustd.yaml\n"
+               "  robustd --config etc/robustd.dev-emulated.yaml   # what `make run` starts\n"
+               "  systemctl reload robustd                         # SIGHUP: re-read the config, log what changed")
     p.add_argument("--config", help=f"config file (default {DEFAULT_CONFIG})")
     p.add_argument("--socket", help="override listen.unix")
     p.add_argument("--state-dir", help="override state_dir")
@@ -377,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             settings = load_config(path, types, overrides)
     except ConfigError as e:
-        print(f"robustd: invalid config:\n{e}", file=sys.stderr)
+        fatal(f"robustd: invalid config:\n{e}")
         return 1
     if args.check_config:
         print(f"{settings.source}: config OK ({len(settings.checks)} checks)")

@@ -9,6 +9,7 @@ and a private rpm database. A robustd package already installed here is purged f
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -42,6 +43,11 @@ DEB_FILES = {
     *(f"/usr/lib/robustd/slurm/{h}" for h in ("healthcheck", "prolog", "epilog")),  # for slurm.conf
 }
 RPM_FILES = (DEB_FILES - {f"/lib/systemd/system/{u}" for u in UNITS}) | {f"/usr/lib/systemd/system/{u}" for u in UNITS}
+# Man pages (man/, `make man`: one per console script) and robustctl's bash and zsh completion.
+MAN_PAGES = {p.name: f"/usr/share/man/man{p.suffix[1:]}/{p.name}.gz" for p in sorted((REPO / "man").glob("*.[18]"))}
+BASH_COMPLETION = "/usr/share/bash-completion/completions/robustctl"
+DEB_FILES |= {*MAN_PAGES.values(), BASH_COMPLETION, "/usr/share/zsh/vendor-completions/_robustctl"}
+RPM_FILES |= {*MAN_PAGES.values(), BASH_COMPLETION, "/usr/share/zsh/site-functions/_robustctl"}
 LEFTOVERS = ["/opt/robustd", "/etc/robustd", "/var/lib/robustd", "/usr/bin/robustd", "/usr/bin/robustctl",
              "/usr/bin/robustd-slurm", "/lib/systemd/system/robustd.service",
              "/lib/systemd/system/robustd-slurm.service", "/usr/share/robustd", "/usr/lib/robustd"]
@@ -161,6 +167,19 @@ def test_deb_contents(deb: Path, out: Path) -> None:
     assert "--no-index --find-links" in make_venv
     assert filecmp_equal(x / "etc" / "robustd" / "robustd.yaml", REPO / "etc" / "robustd.yaml")
     assert forbidden_mentions(x) == []
+
+
+def test_man_pages_and_completion_are_the_generated_ones(deb: Path, out: Path) -> None:
+    """What `man robustctl` and a tab press read on the node are the committed man/ and completion files."""
+    assert {"robustd.8", "robustctl.1", "robustd-slurm.8"} <= set(MAN_PAGES)
+    x = out / "x-deb-docs"
+    sh("dpkg-deb", "-x", deb, x)
+    for name, path in MAN_PAGES.items():
+        packaged = gzip.decompress((x / path.lstrip("/")).read_bytes())
+        assert packaged == (REPO / "man" / name).read_bytes(), name
+    completion = (REPO / "packaging" / "completion" / "robustctl").read_bytes()
+    assert (x / BASH_COMPLETION.lstrip("/")).read_bytes() == completion
+    assert (x / "usr/share/zsh/vendor-completions/_robustctl").read_bytes() == completion
 
 
 def filecmp_equal(a: Path, b: Path) -> bool:

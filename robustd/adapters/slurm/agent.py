@@ -386,10 +386,16 @@ def load_settings(path: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     from robustd.config import ConfigError
-    from robustd.sdnotify import setup_logging
+    from robustd.sdnotify import fatal, setup_logging
 
-    p = argparse.ArgumentParser(prog="robustd-slurm", description="Drain and resume this Slurm node on robustd's "
-                                                                   "verdicts (the `slurm:` section of the config).")
+    p = argparse.ArgumentParser(
+        prog="robustd-slurm", description="Drain and resume this Slurm node on robustd's "
+                                          "verdicts (the `slurm:` section of the config).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  robustd-slurm --check-config --config /etc/robustd/robustd.yaml\n"
+               "  systemctl enable --now robustd-slurm\n"
+               "  robustctl slurm status   # what it drained and why")
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
     p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
     p.add_argument("--version", action="version", version=f"robustd-slurm {__version__}")
@@ -398,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
-        print(f"robustd-slurm: invalid config:\n{e}", file=sys.stderr)
+        fatal(f"robustd-slurm: invalid config:\n{e}")
         return 1
     if args.check_config:
         print(f"{settings.source}: config OK (Slurm node {node_name(settings.config.slurm)}, "
