@@ -14,13 +14,14 @@ from typing import Any, Iterator
 import pytest
 from fakes.kube_apiserver import SMP, KubeAPIServer
 
-from robustd.adapters.k8s.agent import Agent, load_settings
+from robustd.adapters.k8s.agent import Agent
 from robustd.adapters.k8s.config import K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import TAINT_KEY, Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
 from robustd.adapters.slurm.model import CLEARED, RAISED, Cond, Table
+from robustd.adapters.watch import load_settings
 
 NODE = "gpu-1"
 XID = Cond("gpu/0000:1b:00.0", "XID_79", "CRITICAL", "REBOOT", 5)

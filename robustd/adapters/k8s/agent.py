@@ -13,7 +13,6 @@ SIGTERM/SIGINT, 1 for a bad config or an unusable kubeconfig.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import queue
@@ -34,10 +33,8 @@ from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
 from robustd.adapters.slurm import client
-from robustd.adapters.slurm.agent import _Stream as WatchStream  # the Watch thread robustd-slurm uses
-from robustd.adapters.slurm.agent import load_settings, table_from
 from robustd.adapters.slurm.model import CLEARED, Table
-from robustd.roots import DEFAULT_CONFIG
+from robustd.adapters.watch import WatchStream, agent_parser, start, table_from
 
 log = logging.getLogger("robustd.k8s")
 
@@ -219,27 +216,16 @@ class Agent:
 def main(argv: list[str] | None = None) -> int:
     from kubernetes.config import ConfigException
 
-    from robustd.config import ConfigError
     from robustd.sdnotify import fatal, setup_logging
 
-    p = argparse.ArgumentParser(
-        prog="robustd-k8s", description="Show robustd's verdict on this Kubernetes Node "
-                                        "(conditions, events; quarantine when configured).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  robustd-k8s --check-config --config /etc/robustd/robustd.yaml\n"
-               "  robustd-k8s --config /etc/robustd/robustd.yaml --kubeconfig ~/.kube/config\n"
-               "  systemctl enable --now robustd-k8s")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
+    p = agent_parser("robustd-k8s", "Show robustd's verdict on this Kubernetes Node (conditions, events; "
+                     "quarantine when configured).", "robustd-k8s --check-config --config /etc/robustd/robustd.yaml",
+                     "robustd-k8s --config /etc/robustd/robustd.yaml --kubeconfig ~/.kube/config",
+                     "systemctl enable --now robustd-k8s")
     p.add_argument("--kubeconfig", default=None, help="a kubeconfig file (default: k8s.kubeconfig, else in-cluster)")
-    p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
-    p.add_argument("--version", action="version", version=f"robustd-k8s {__version__}")
     args = p.parse_args(argv)
-    setup_logging("info", identifier="robustd-k8s")
-    try:
-        settings = load_settings(args.config)
-    except ConfigError as e:
-        fatal(f"robustd-k8s: invalid config:\n{e}")
+    settings = start("robustd-k8s", args.config)
+    if settings is None:
         return 1
     cfg: K8sConfig = settings.config.k8s
     if args.check_config:

@@ -18,7 +18,6 @@ While robustd cannot be reached the agent changes nothing in Slurm: a down daemo
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import queue
@@ -40,9 +39,8 @@ from robustd.adapters.slurm.model import SelfCheck, Table
 from robustd.adapters.slurm.rules import Do, Health, assess
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
+from robustd.adapters.watch import WatchStream, agent_parser, start, table_from
 from robustd.api.v1 import robustd_pb2 as pb
-from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.roots import DEFAULT_CONFIG
 
 log = logging.getLogger("robustd.slurm")
 
@@ -61,49 +59,6 @@ def state_path(settings: Any) -> str:
     return settings.config.slurm.state_file or os.path.join(settings.config.state_dir, "slurm.json")
 
 
-def table_from(v: pb.Verdict) -> Table:
-    conds = [client.cond(c) for c in v.conditions]
-    return Table(seq=int(v.seq), boot_id=v.boot_id, conditions={c.key: c for c in conds})
-
-
-class _Stream(threading.Thread):
-    """Watch(from_seq) in a thread, its events and its end put on the agent's queue."""
-
-    def __init__(self, sock: str, from_seq: int, out: queue.Queue[tuple[str, Any, Any]]):
-        super().__init__(name="watch", daemon=True)
-        self.sock = sock
-        self.from_seq = from_seq
-        self.out = out
-        self.call: Any = None
-        self.lock = threading.Lock()
-        self.cancelled = False
-
-    def run(self) -> None:
-        channel = None
-        try:
-            channel = client.open_channel(self.sock)
-            with self.lock:
-                if self.cancelled:
-                    return
-                self.call = pb_grpc.NodeHealthStub(channel).Watch(pb.WatchRequest(from_seq=self.from_seq))
-            for ev in self.call:
-                self.out.put(("event", ev, self))
-            self.out.put(("end", "the daemon closed the stream", self))
-        except grpc.RpcError as e:
-            self.out.put(("error", e, self))
-        except client.Unreachable as e:
-            self.out.put(("end", str(e), self))
-        finally:
-            if channel is not None:
-                channel.close()
-
-    def cancel(self) -> None:
-        with self.lock:
-            self.cancelled = True
-            if self.call is not None:
-                self.call.cancel()
-
-
 class Agent:
     def __init__(self, settings: Any, slurm: Slurm | None = None):
         c = settings.config
@@ -116,7 +71,7 @@ class Agent:
         self.diag_timeout = float(c.diagnostics.timeout)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()
-        self.stream: _Stream | None = None
+        self.stream: WatchStream | None = None
         self.table: Table | None = None
         self.summary: tuple[bool, int, str] | None = None  # the faults the last successful pass acted on
         self.saved_seq = -1
@@ -190,7 +145,7 @@ class Agent:
             pass
         return items
 
-    def _handle(self, kind: str, item: Any, source: _Stream) -> None:
+    def _handle(self, kind: str, item: Any, source: WatchStream) -> None:
         if kind == "event":
             if self.table is not None:
                 self.table.apply(int(item.kind), client.cond(item.condition), int(item.seq))
@@ -221,7 +176,7 @@ class Agent:
             return False
         self._sync(v)
         assert self.table is not None
-        self.stream = _Stream(self.socket, self.table.seq, self.events)
+        self.stream = WatchStream(self.socket, self.table.seq, self.events)
         self.stream.start()
         self.connect_backoff = CONNECT_BACKOFF[0]
         self.summary = None  # look at Slurm once connected (at start: the reconcile on start)
@@ -376,35 +331,15 @@ def _out_of_range(err: Any) -> bool:
     return isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE
 
 
-def load_settings(path: str) -> Any:
-    """The whole robustd.yaml, validated as the daemon validates it (ConfigError names key and line)."""
-    from robustd.config import load_config
-    from robustd.daemon import discover_checks
-
-    return load_config(path, {n: c.Config for n, c in discover_checks().items()})
-
-
 def main(argv: list[str] | None = None) -> int:
-    from robustd.config import ConfigError
-    from robustd.sdnotify import fatal, setup_logging
+    from robustd.sdnotify import setup_logging
 
-    p = argparse.ArgumentParser(
-        prog="robustd-slurm", description="Drain and resume this Slurm node on robustd's "
-                                          "verdicts (the `slurm:` section of the config).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  robustd-slurm --check-config --config /etc/robustd/robustd.yaml\n"
-               "  systemctl enable --now robustd-slurm\n"
-               "  robustctl slurm status   # what it drained and why")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
-    p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
-    p.add_argument("--version", action="version", version=f"robustd-slurm {__version__}")
-    args = p.parse_args(argv)
-    setup_logging("info", identifier="robustd-slurm")
-    try:
-        settings = load_settings(args.config)
-    except ConfigError as e:
-        fatal(f"robustd-slurm: invalid config:\n{e}")
+    args = agent_parser("robustd-slurm", "Drain and resume this Slurm node on robustd's verdicts (the `slurm:` "
+                        "section of the config).", "robustd-slurm --check-config --config /etc/robustd/robustd.yaml",
+                        "systemctl enable --now robustd-slurm",
+                        "robustctl slurm status   # what it drained and why").parse_args(argv)
+    settings = start("robustd-slurm", args.config)
+    if settings is None:
         return 1
     if args.check_config:
         print(f"{settings.source}: config OK (Slurm node {node_name(settings.config.slurm)}, "

@@ -37,13 +37,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.actor import Actor, Result
-from robustd.adapters.slurm.agent import load_settings, node_name, state_path
+from robustd.adapters.slurm.agent import node_name, state_path
 from robustd.adapters.slurm.config import SlurmConfig
 from robustd.adapters.slurm.hung_job import JOB_ID, capture_hang
 from robustd.adapters.slurm.model import AgentState, NodeView
 from robustd.adapters.slurm.rules import Health, assess, fault_text, recent_resumes, respected
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
+from robustd.adapters.watch import load_settings
 from robustd.roots import DEFAULT_DEV, DEFAULT_PROC
 
 if TYPE_CHECKING:

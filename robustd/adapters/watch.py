@@ -1,0 +1,98 @@
+"""What every adapter does the same way: read robustd.yaml, follow the daemon's Watch stream, and
+start as a console script (`--config`, `--check-config`, `--version`, examples in `--help`).
+
+robustd-slurm and robustd-k8s each keep the node's conditions as a GetVerdict snapshot moved forward
+by Watch events (`table_from`, `WatchStream`); only what they do with it differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import threading
+from typing import Any
+
+import grpc
+
+from robustd import __version__
+from robustd.adapters.slurm import client
+from robustd.adapters.slurm.model import Table
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.roots import DEFAULT_CONFIG
+
+
+def table_from(v: pb.Verdict) -> Table:
+    """A GetVerdict snapshot as the adapters' plain table of conditions."""
+    conds = [client.cond(c) for c in v.conditions]
+    return Table(seq=int(v.seq), boot_id=v.boot_id, conditions={c.key: c for c in conds})
+
+
+class WatchStream(threading.Thread):
+    """Watch(from_seq) in a thread, its events and its end put on the agent's queue."""
+
+    def __init__(self, sock: str, from_seq: int, out: queue.Queue[tuple[str, Any, Any]]):
+        super().__init__(name="watch", daemon=True)
+        self.sock = sock
+        self.from_seq = from_seq
+        self.out = out
+        self.call: Any = None
+        self.lock = threading.Lock()
+        self.cancelled = False
+
+    def run(self) -> None:
+        channel = None
+        try:
+            channel = client.open_channel(self.sock)
+            with self.lock:
+                if self.cancelled:
+                    return
+                self.call = pb_grpc.NodeHealthStub(channel).Watch(pb.WatchRequest(from_seq=self.from_seq))
+            for ev in self.call:
+                self.out.put(("event", ev, self))
+            self.out.put(("end", "the daemon closed the stream", self))
+        except grpc.RpcError as e:
+            self.out.put(("error", e, self))
+        except client.Unreachable as e:
+            self.out.put(("end", str(e), self))
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+            if self.call is not None:
+                self.call.cancel()
+
+
+def load_settings(path: str) -> Any:
+    """The whole robustd.yaml, validated as the daemon validates it (ConfigError names key and line)."""
+    from robustd.checkset import discover_checks
+    from robustd.config import load_config
+
+    return load_config(path, {n: c.Config for n, c in discover_checks().items()})
+
+
+def agent_parser(prog: str, description: str, *examples: str) -> argparse.ArgumentParser:
+    """An adapter's command line: --config, --check-config, --version, and its examples in --help."""
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="examples:\n" + "\n".join(f"  {e}" for e in examples))
+    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
+    p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
+    p.add_argument("--version", action="version", version=f"{prog} {__version__}")
+    return p
+
+
+def start(prog: str, config_path: str) -> Any | None:
+    """Logging under `prog`'s name and the validated settings; None (reason told, err in the journal) if bad."""
+    from robustd.config import ConfigError
+    from robustd.sdnotify import fatal, setup_logging
+
+    setup_logging("info", identifier=prog)
+    try:
+        return load_settings(config_path)
+    except ConfigError as e:
+        fatal(f"{prog}: invalid config:\n{e}")
+        return None
