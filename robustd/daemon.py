@@ -312,17 +312,23 @@ class Daemon:
             return
         merged, applied = reload.merge(self.settings, new)
         self.notifier.send("RELOADING=1")
-        await self.runner.stop()
-        self.settings = merged
-        self.authz.refresh()  # logs which certificate names changed meaning, now rather than at the next call
-        self.runner = self._make_runner(self.settings)
-        await self.runner.start_sources()
-        self.engine.reload(checkset.code_table(self.runner.states, self.settings), new.config.policy)
-        logging.getLogger().setLevel(new.config.log_level.upper())
-        self.runner.run()
+        try:
+            await self.runner.stop()
+            self.settings = merged
+            self.authz.refresh()  # logs which certificate names changed meaning, now rather than at the next call
+            self.runner = self._make_runner(self.settings)
+            await self.runner.start_sources()
+            self.engine.reload(checkset.code_table(self.runner.states, self.settings), new.config.policy)
+            logging.getLogger().setLevel(new.config.log_level.upper())
+            self.runner.run()
+        except Exception:  # noqa: BLE001 - a reload that breaks must not leave systemd waiting in "reloading"
+            log.exception("reload from %s failed part way", self.config_path)
+            # If the checks are not running now, the watchdog pings stop and systemd restarts robustd.
+            self.notifier.send(f"READY=1\nSTATUS=reload failed part way (see the log); {self._summary()}")
+            return
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
         log.info("config reloaded from %s: %s", self.config_path,
-                 f"applied {', '.join(sorted(applied))}" if applied else "no changes to apply")
+                 f"applied {', '.join(sorted(set(applied)))}" if applied else "no changes to apply")
 
 
 async def _bounded(what: str, step: Any, deadline: float, limit: float) -> None:

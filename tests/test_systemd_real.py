@@ -248,7 +248,12 @@ def test_reload_applies_a_config_change_and_rejects_a_bad_one(ns: NestedSystemd)
         assert host_interval() == "7s"
     finally:
         conf.write_text(good)
+    done = messages(ns, "-u", "robustd").count("config reloaded from")
     ns.run("systemctl", "reload", "robustd")
+    # systemd 252 calls the reload done when ExecReload's kill exits; robustd's RELOADING=1 ... READY=1 comes
+    # after that, so wait for robustd's own word before the next test looks at the unit.
+    ns.wait_for("the restoring reload to finish",
+                lambda: messages(ns, "-u", "robustd").count("config reloaded from") > done, timeout=30)
 
 
 def test_watchdog_kills_and_restarts_a_hung_main_loop(ns: NestedSystemd) -> None:
@@ -293,8 +298,12 @@ def test_journal_holds_structured_fields_of_a_fault(ns: NestedSystemd) -> None:
     assert e["SYSLOG_IDENTIFIER"] == "robustd" and e["PRIORITY"] in ("4", "5", "6"), e
     assert e.get("LOGGER", "").startswith("robustd"), e
     fields = {k: e.get(k) for k in ("SEVERITY", "COMPONENT", "CODE")}
-    assert fields == {"SEVERITY": "CRITICAL", "COMPONENT": component, "CODE": "XID_79"}, (
+    # The nested robustd scans the host's kmsg backlog (kernel.lookback, 5m) at its first start, so the suite's
+    # own fault storms can have filled the verdict: then this fault is folded into `gpu/*`, as designed.
+    assert fields in ({"SEVERITY": "CRITICAL", "COMPONENT": component, "CODE": "XID_79"},
+                      {"SEVERITY": "CRITICAL", "COMPONENT": "gpu/*", "CODE": "XID_79"}), (
         f"the event's journal entry lacks robustd's structured fields: {fields}; it has {sorted(e)}")
+    assert e.get("ACTION") == "REBOOT" and int(e.get("SEQ", "0")) > 0 and e.get("EVENT") in ("RAISED", "UPDATED"), e
 
 
 def caps(ns: NestedSystemd, mask: str) -> set[str]:
