@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,13 +32,25 @@ def test_outside_paths_are_spelled_only_in_roots() -> None:
 
 
 def test_daemon_never_imports_torch() -> None:
-    """Only the stop-time children (checks/diagnostics/, run as separate processes) may import torch."""
+    """Only the stop-time children (checks/diagnostics/, run as separate processes) may import torch, and
+    the straggler recorder, which runs inside a training process (never the daemon's) and imports it only
+    to time CUDA ops when the job is on a GPU (tests/test_recorder.py: a CPU job's recorder imports none)."""
     bad = []
     for path in CODE:
-        if path.parent == REPO / "checks" / "diagnostics":
+        if path.parent == REPO / "checks" / "diagnostics" or path == REPO / "robustd" / "stragglers" / "recorder.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{path.relative_to(REPO)}:{node.lineno}" for n in names if n.split(".")[0] == "torch"]
     assert not bad, bad
+
+
+def test_the_running_daemon_loads_no_torch_no_recorder_and_no_kubernetes() -> None:
+    """What the daemon process really imports, with every built-in check loaded as it loads them."""
+    code = ("import sys\nimport robustd.daemon\nfrom robustd.checkset import discover_checks\ndiscover_checks()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'kubernetes', 'matplotlib')"
+            " or m.startswith('robustd.stragglers')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
