@@ -99,6 +99,23 @@ def _value(v: Any) -> Any:
     return str(v)
 
 
+def field_batch_agrees(n: Any, handle: Any) -> dict[str, Any]:
+    """checks/nvml_fields.py's array against pynvml's own nvmlDeviceGetFieldValues, field by field:
+    the GPU check reads NVLink state through the former, so its layout must be the driver's."""
+    from checks.nvml_fields import FieldBatch
+
+    asked = [(n.NVML_FI_DEV_NVLINK_GET_STATE, 0), (n.NVML_FI_DEV_NVLINK_GET_STATE, 1),
+             (n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), (n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
+             (n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)]
+    ours = FieldBatch(asked).nvmlDeviceGetFieldValues(handle)
+    theirs = []
+    for v in n.nvmlDeviceGetFieldValues(handle, asked):
+        member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+        value = int(getattr(v.value, member.get(v.valueType, "uiVal"))) if v.nvmlReturn == n.NVML_SUCCESS else 0
+        theirs.append((int(v.nvmlReturn), value))
+    return {"asked": asked, "ours": ours, "pynvml": theirs, "same": ours == theirs}
+
+
 def step_nvml() -> Row:
     import pynvml as n
 
@@ -125,10 +142,14 @@ def step_nvml() -> Row:
             gpu["event_types"] = ([name for bit, name in TYPE_NAMES.items() if types & bit]
                                   if isinstance(types, int) else types)
             gpu["events_watched"] = bool(isinstance(types, int) and types & WANTED)
+            gpu["field_batch"] = field_batch_agrees(n, h)
             gpus.append(gpu)
+        batch_ok = all(g["field_batch"]["same"] for g in gpus)
         detail = (f"{len(gpus)} GPUs, driver {_value(n.nvmlSystemGetDriverVersion())}; NOT_SUPPORTED: "
-                  + (", ".join(f"{k} (GPU {','.join(v)})" for k, v in unsupported.items()) or "none"))
-        return Row("nvml", "PASS" if gpus else "FAIL", detail, {"gpus": gpus, "not_supported": unsupported})
+                  + (", ".join(f"{k} (GPU {','.join(v)})" for k, v in unsupported.items()) or "none")
+                  + f"; field batch {'agrees with' if batch_ok else 'DIFFERS from'} pynvml")
+        return Row("nvml", "PASS" if gpus and batch_ok else "FAIL", detail,
+                   {"gpus": gpus, "not_supported": unsupported})
     finally:
         n.nvmlShutdown()
 
