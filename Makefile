@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(PY) bench/shutdown.py
 	$(PY) bench/slurm.py
 	$(PY) bench/k8s.py
+	$(PY) bench/recorder.py
 
 # robustd-k8s's scenarios (tests/test_k8s.py) against a real cluster instead of the API-server stand-in: the
 # cluster in $$KUBECONFIG (e.g. `kind create cluster`), on its first node, as root. Not part of `make test`.
