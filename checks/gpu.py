@@ -19,14 +19,13 @@ import ctypes
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
 from checks.gpu_config import GpuConfig, load_temperature_levels
+from checks.gpu_device import _Current, _Gpu, _text, normalize_bus_id
 from checks.gpu_events import EventWatcher, address, emitter
 from checks.nvml_fields import FieldBatch
 from robustd.check import Check, CheckContext
@@ -41,55 +40,6 @@ NVML_LIBRARY = "libnvidia-ml.so.1"
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-
-
-@dataclass
-class _Gpu:
-    handle: Any
-    bus: str  # normalised dddd:bb:dd.f
-    name: str
-    uuid: str
-    active_links: list[int] = field(default_factory=list)
-    slowdown: int | None = None  # threshold °C
-    shutdown: int | None = None
-    max_width: int | None = None
-    max_gen: int | None = None
-    slowdown_since: float | None = None
-    replays: deque[tuple[float, int]] = field(default_factory=deque)
-    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)
-    lost: bool = False
-    link_fields: bool | None = None  # the driver answers NVML_FI_DEV_NVLINK_GET_STATE (None: not asked yet)
-    link_batch: FieldBatch | None = None  # that field for each active link, asked in one call
-
-
-class _Current:
-    """Which GPU and NVML call the poll thread is in; read by timeout_findings from the event loop.
-
-    One tuple assigned at a time: the read is atomic in CPython, so no lock (this runs per call).
-    """
-
-    def __init__(self) -> None:
-        self._value: tuple[str, str, float] | None = None
-
-    def set(self, component: str, call: str) -> None:
-        self._value = (component, call, time.monotonic())
-
-    def clear(self) -> None:
-        self._value = None
-
-    def get(self) -> tuple[str, str, float] | None:
-        return self._value
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """NVML's `00000000:3B:00.0` as the kernel writes it: `0000:3b:00.0`."""
-    domain, _, rest = bus_id.strip().rpartition(":")
-    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
-    return f"{int(domain or '0', 16):04x}:{bus.lower()}:{rest.lower()}"
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class GpuCheck(Check):

@@ -127,9 +127,10 @@ class Runner:
             log.exception("closing check %s", st.name)
 
     async def _heartbeat(self) -> None:
+        """The scheduler is alive even while no poll is due; the watchdog allows it 2 s."""
         while True:
             self.last_tick = time.monotonic()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)
 
     # -- poll checks ---------------------------------------------------------------------------
     async def _poll_loop(self, st: CheckState) -> None:

@@ -17,7 +17,8 @@
  * `robustctl sim`). Whenever the file is re-read, events with a seq this process has not seen yet
  * are handed to every event set that had registered that GPU and type *at the event's time*, as
  * the driver does: nothing is queued for sets registered later. A GPU's `event_floor` (raised by
- * `clear`) discards its events not yet delivered. A waiter looks at the file every EMU_EVENT_POLL_NS;
+ * `clear`) discards its events not yet delivered. A waiter sleeps on inotify for the state file's directory
+ * (or, without inotify, looks at the file every EMU_EVENT_POLL_NS);
  * while a GPU in the set has the "hang" fault the wait blocks past its timeout, as a hung driver does.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
@@ -44,7 +45,7 @@
 #define EMU_MAX_SETS 32             /* event sets alive at once */
 #define EMU_SET_QUEUE 256           /* undelivered events per set; more are dropped, as a full driver buffer */
 #define EMU_EVENT_BITS 16           /* nvmlEventType bits the emulator knows (0x1 .. 0x8000) */
-#define EMU_EVENT_POLL_NS 100000000L /* 100 ms: a waiter's look at the state file when inotify says nothing */
+#define EMU_EVENT_POLL_NS 100000000L /* 100 ms: a waiter's look at the state file when inotify is unavailable */
 #define EMU_EVENT_TYPES_ALL 0xfe9fULL /* nvmlEventTypeAll */
 
 _Static_assert(NVML_ERROR_NOT_SUPPORTED == 3, "stubs.c returns 3 for NOT_SUPPORTED");
@@ -779,7 +780,10 @@ static nvmlReturn_t wait_events(nvmlEventSet_t set, nvmlEventData_t *data, unsig
         pthread_mutex_unlock(&lock);
         long long left = deadline - monotonic_ns();
         if (!hung && left <= 0) return NVML_ERROR_TIMEOUT;
-        state_watch_wait(watch, hung ? EMU_HANG_POLL_NS : (left < EMU_EVENT_POLL_NS ? left : EMU_EVENT_POLL_NS));
+        /* With an inotify watch, sleep until the file changes or the wait ends (a driver sleeps too: no
+         * wake-ups while nothing happens); without one, look at the file every EMU_EVENT_POLL_NS. */
+        long long nap = watch >= 0 || left < EMU_EVENT_POLL_NS ? left : EMU_EVENT_POLL_NS;
+        state_watch_wait(watch, hung ? EMU_HANG_POLL_NS : nap);
     }
 }
 
