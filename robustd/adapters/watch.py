@@ -1,5 +1,5 @@
-"""What every adapter does the same way: read robustd.yaml, follow the daemon's Watch stream, and
-start as a console script (`--config`, `--check-config`, `--version`, examples in `--help`).
+"""What every adapter does the same way: read robustd.yaml, follow the daemon's Watch stream, live as a
+service (`WatchAgent`), and start as a console script (`--config`, `--check-config`, `--version`, examples).
 
 robustd-slurm and robustd-k8s each keep the node's conditions as a GetVerdict snapshot moved forward
 by Watch events (`table_from`, `WatchStream`); only what they do with it differs.
@@ -8,8 +8,11 @@ by Watch events (`table_from`, `WatchStream`); only what they do with it differs
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import signal
 import threading
+from types import FrameType
 from typing import Any
 
 import grpc
@@ -96,3 +99,61 @@ def start(prog: str, config_path: str) -> Any | None:
     except ConfigError as e:
         fatal(f"{prog}: invalid config:\n{e}")
         return None
+
+
+class WatchAgent:
+    """The life of an adapter process: signals, READY=1, turns until a stop signal, an orderly end.
+
+    A subclass sets `events`, `stopping`, `stream`, `notifier` and `node`, and implements `_resume`
+    (read its state file, log what it resumes), `_turn` (one pass of its loop) and `_shutdown`.
+    """
+
+    events: queue.Queue[tuple[str, Any, Any]]
+    stopping: threading.Event
+    stream: WatchStream | None
+    notifier: Any
+    node: str
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self._resume()
+        self.notifier.ready(f"node {self.node}: connecting to robustd")
+        try:
+            while not self.stopping.is_set():
+                self._turn()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _resume(self) -> None:
+        raise NotImplementedError
+
+    def _turn(self) -> None:
+        raise NotImplementedError
+
+    def _shutdown(self) -> None:
+        raise NotImplementedError
+
+    def _take(self, timeout: float) -> list[tuple[str, Any, Any]]:
+        """What the Watch thread queued, waiting at most `timeout` for the first (at most 10,000 at once)."""
+        items = []
+        try:
+            items.append(self.events.get(timeout=timeout))
+            while len(items) < 10_000:
+                items.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping.is_set():
+            os._exit(1)  # a second signal: the operator means it
+        self.stopping.set()
+
+    def _end_stream(self) -> None:
+        """STOPPING=1 to systemd, and the Watch stream cancelled (its thread given 2 s)."""
+        self.notifier.stopping()
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream.join(timeout=2)

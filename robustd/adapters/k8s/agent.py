@@ -16,12 +16,10 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
 import time
-from types import FrameType
 from typing import Any, Callable
 
 import grpc
@@ -34,7 +32,7 @@ from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.model import CLEARED, Table
-from robustd.adapters.watch import WatchStream, agent_parser, start, table_from
+from robustd.adapters.watch import WatchAgent, WatchStream, agent_parser, start, table_from
 
 log = logging.getLogger("robustd.k8s")
 
@@ -54,7 +52,7 @@ def state_path(settings: Any) -> str:
     return settings.config.k8s.state_file or os.path.join(settings.config.state_dir, "k8s.json")
 
 
-class Agent:
+class Agent(WatchAgent):
     def __init__(self, settings: Any, kube: Kube, clock: Callable[[], float] = time.time):
         c = settings.config
         self.cfg: K8sConfig = c.k8s
@@ -81,9 +79,7 @@ class Agent:
     def table(self) -> Table | None:
         return self.state.table
 
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+    def _resume(self) -> None:
         saved = self.store.read()
         if saved.node in ("", self.node):
             self.state.__dict__.update(saved.__dict__)  # the reconciler holds this object
@@ -92,13 +88,6 @@ class Agent:
             self.saved_seq = self.table.seq
         log.info("robustd-k8s %s: Node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
                  self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
-        self.notifier.ready(f"node {self.node}: connecting to robustd")
-        try:
-            while not self.stopping.is_set():
-                self._turn()
-        finally:
-            self._shutdown()
-        return 0
 
     def _turn(self) -> None:
         if self.stream is None and time.monotonic() >= self.next_connect:
@@ -116,16 +105,6 @@ class Agent:
         if since is None or self.clock() - since < UNKNOWN_AFTER * self.cfg.heartbeat:
             return None
         return f"robustd-k8s cannot reach robustd at {self.socket} since {rfc3339(since)}: its verdict is unknown"
-
-    def _take(self, timeout: float) -> list[tuple[str, Any, Any]]:
-        items = []
-        try:
-            items.append(self.events.get(timeout=timeout))
-            while len(items) < 10_000:
-                items.append(self.events.get_nowait())
-        except queue.Empty:
-            pass
-        return items
 
     def _handle(self, kind: str, item: Any, source: WatchStream) -> None:
         if kind == "event":
@@ -198,16 +177,8 @@ class Agent:
         self.saved_seq = self.table.seq
         self.last_save = now
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping.is_set():
-            os._exit(1)  # a second signal: the operator means it
-        self.stopping.set()
-
     def _shutdown(self) -> None:
-        self.notifier.stopping()
-        if self.stream is not None:
-            self.stream.cancel()
-            self.stream.join(timeout=2)
+        self._end_stream()
         self.last_save = 0.0
         self._save_position()
         log.info("robustd-k8s stopped (watch position seq %s)", self.table.seq if self.table else 0)

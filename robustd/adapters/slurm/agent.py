@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
@@ -39,7 +38,7 @@ from robustd.adapters.slurm.model import SelfCheck, Table
 from robustd.adapters.slurm.rules import Do, Health, assess
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
-from robustd.adapters.watch import WatchStream, agent_parser, start, table_from
+from robustd.adapters.watch import WatchAgent, WatchStream, agent_parser, start, table_from
 from robustd.api.v1 import robustd_pb2 as pb
 
 log = logging.getLogger("robustd.slurm")
@@ -59,7 +58,7 @@ def state_path(settings: Any) -> str:
     return settings.config.slurm.state_file or os.path.join(settings.config.state_dir, "slurm.json")
 
 
-class Agent:
+class Agent(WatchAgent):
     def __init__(self, settings: Any, slurm: Slurm | None = None):
         c = settings.config
         self.cfg: SlurmConfig = c.slurm
@@ -91,22 +90,13 @@ class Agent:
 
     # --- the loop -------------------------------------------------------------------------------
 
-    def run(self) -> int:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+    def _resume(self) -> None:
         saved = self.store.read()
         if saved.table is not None and saved.node in ("", self.node):
             self.table = saved.table
             self.saved_seq = saved.table.seq
         log.info("robustd-slurm %s: Slurm node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
                  self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
-        self.notifier.ready(f"node {self.node}: connecting to robustd")
-        try:
-            while not self.stopping.is_set():
-                self._turn()
-        finally:
-            self._shutdown()
-        return 0
 
     def _turn(self) -> None:
         now = time.monotonic()
@@ -134,16 +124,6 @@ class Agent:
         if summary != self.summary or timers or reconcile:
             self._pass(h, summary)
         self._save_position()
-
-    def _take(self, timeout: float) -> list[tuple[str, Any, Any]]:
-        items = []
-        try:
-            items.append(self.events.get(timeout=timeout))
-            while len(items) < 10_000:
-                items.append(self.events.get_nowait())
-        except queue.Empty:
-            pass
-        return items
 
     def _handle(self, kind: str, item: Any, source: WatchStream) -> None:
         if kind == "event":
@@ -307,17 +287,12 @@ class Agent:
     # --- stopping --------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping.is_set():
-            os._exit(1)  # a second signal: the operator means it
-        self.stopping.set()
+        super()._on_signal(signum, frame)
         for call in list(self.diag_calls):
             call.cancel()
 
     def _shutdown(self) -> None:
-        self.notifier.stopping()
-        if self.stream is not None:
-            self.stream.cancel()
-            self.stream.join(timeout=2)
+        self._end_stream()
         if self.table is not None and self.table.seq != self.saved_seq:
             try:
                 self.actor.lock_timeout = 2.0
