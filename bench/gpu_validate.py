@@ -102,16 +102,15 @@ def _value(v: Any) -> Any:
 def field_batch_agrees(n: Any, handle: Any) -> dict[str, Any]:
     """checks/nvml_fields.py's array against pynvml's own nvmlDeviceGetFieldValues, field by field:
     the GPU check reads NVLink state through the former, so its layout must be the driver's."""
-    from checks.nvml_fields import FieldBatch
+    from checks.nvml_fields import _MEMBER, FieldBatch
 
     asked = [(n.NVML_FI_DEV_NVLINK_GET_STATE, 0), (n.NVML_FI_DEV_NVLINK_GET_STATE, 1),
              (n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), (n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
              (n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)]
     ours = FieldBatch(asked).nvmlDeviceGetFieldValues(handle)
     theirs = []
-    for v in n.nvmlDeviceGetFieldValues(handle, asked):
-        member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-        value = int(getattr(v.value, member.get(v.valueType, "uiVal"))) if v.nvmlReturn == n.NVML_SUCCESS else 0
+    for v in n.nvmlDeviceGetFieldValues(handle, asked):  # the union member by value type, as the batch reads it
+        value = int(getattr(v.value, _MEMBER.get(v.valueType, "uiVal"))) if v.nvmlReturn == n.NVML_SUCCESS else 0
         theirs.append((int(v.nvmlReturn), value))
     return {"asked": asked, "ours": ours, "pynvml": theirs, "same": ours == theirs}
 

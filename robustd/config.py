@@ -33,6 +33,7 @@ from robustd.roots import (
     DEFAULT_SYS,
     Roots,
 )
+from robustd.startup import split_address
 
 
 class Strict(BaseModel):
@@ -118,8 +119,6 @@ class MetricsConfig(Strict):
     @classmethod
     def _host_port(cls, address: str | None) -> str | None:
         if address:
-            from robustd.metrics_http import split_address  # late: keeps config free of prometheus_client
-
             split_address(address)
         return address
 

@@ -19,17 +19,11 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.registry import Collector
 
+from robustd.startup import split_address
+
 log = logging.getLogger("robustd")
 MAX_CONNECTIONS = 16  # scrapes served at once (a Prometheus HA pair needs 2)
 IDLE_TIMEOUT = 10.0  # seconds a connection may take to send its request and read the answer
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); host "" means every interface."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{address!r} is not host:port (a port from 1 to 65535)")
-    return host.strip("[]"), int(port)
 
 
 def is_loopback(host: str) -> bool:

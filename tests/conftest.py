@@ -12,7 +12,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
@@ -60,6 +60,31 @@ def cond(v: pb.Verdict, code: str, component: str | None = None) -> pb.Condition
         if c.code == code and (component is None or c.component == component):
             return c
     return None
+
+
+def eventually(fn: Callable[[], Any], timeout: float, what: str, every: float = 0.02,
+               detail: Callable[[], str] = lambda: "") -> Any:
+    """fn()'s first truthy value within `timeout` seconds, else an AssertionError naming `what` and `detail()`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}\n{detail()}")
+        time.sleep(every)
+
+
+def terminate(proc: subprocess.Popen[Any]) -> int | None:
+    """SIGTERM, 15 s to exit, then SIGKILL: a child stopped as systemd stops a service; its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
 
 
 def free_port() -> int:
@@ -180,13 +205,7 @@ class Daemon:
     def stop(self) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
         if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None

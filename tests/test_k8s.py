@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
-from conftest import REPO, Daemon, inject_kmsg, need_root
+from conftest import REPO, Daemon, eventually, inject_kmsg, need_root, terminate
 from fakes.kube_apiserver import SMP, KubeAPIServer
 
 from robustd.api.v1 import robustd_pb2 as pb
@@ -35,14 +34,7 @@ TAINT = "robustd.io/unhealthy"
 
 
 def wait_until(fn: Callable[[], Any], timeout: float, what: str, log: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}\n{log()}")
-        time.sleep(0.02)
+    return eventually(fn, timeout, what, detail=log)
 
 
 class RealCluster:
@@ -100,16 +92,7 @@ class AgentProcess:
                                          env=env)
 
     def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+        return None if self.proc is None else terminate(self.proc)
 
     def log(self) -> str:
         try:
@@ -332,9 +315,8 @@ def test_quarantine_cordons_taints_and_releases_only_what_it_did(make_node: Any,
     assert "robustd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
 
 
+@pytest.mark.standin  # injected failures: `make k8s-e2e` leaves it out (-m "not standin")
 def test_api_server_failing_for_a_while_conditions_right_once_it_recovers(make_node: Any, api: Any) -> None:
-    if E2E:
-        pytest.skip("needs the stand-in's injected failures")
     n = make_node()
     n.agent.start()
     wait_until(lambda: n.condition("GPUProblem"), 10, "the first write", n.agent.log)
@@ -354,9 +336,8 @@ def test_api_server_failing_for_a_while_conditions_right_once_it_recovers(make_n
     assert len(n.events(about(comp, "Warning"))) == 1
 
 
+@pytest.mark.standin  # the stand-in's tokens: `make k8s-e2e` leaves it out (-m "not standin")
 def test_bad_token_is_an_error_not_a_verdict(make_node: Any, api: Any) -> None:
-    if E2E:
-        pytest.skip("needs the stand-in's tokens")
     api.tokens["weak"] = {("get", "nodes")}  # may read its node, may not write its status
     n = make_node()
     n.agent.kubeconfig = api.kubeconfig(n.d.root / "weak.kubeconfig", token="weak")

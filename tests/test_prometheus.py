@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 import yaml
-from conftest import IN_CI, REPO, Daemon, bdf, cond, free_port, inject_kmsg, need_root, plugin_env
+from conftest import IN_CI, REPO, Daemon, bdf, cond, eventually, free_port, inject_kmsg, need_root, plugin_env
 
 from robustd.api.v1 import robustd_pb2 as pb
 
@@ -174,14 +174,8 @@ class Prometheus:
         return [a for a in self.api("alerts")["alerts"] if a["labels"].get("alertname") == name]
 
     def wait(self, what: str, predicate: Any, timeout: float = DEADLINE) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            got = predicate()
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not within {timeout:g}s\nalerts: {self.api('alerts')}\n{self.log()}")
-            time.sleep(0.5)
+        return eventually(predicate, timeout, what, every=0.5,
+                          detail=lambda: f"alerts: {self.api('alerts')}\n{self.log()}")
 
 
 class NotifySocket:

@@ -10,8 +10,9 @@ The training loop marks its operations and each step's end:
     rec.close()
 
 Why it is built this way:
-- It runs inside the training process, so it needs only the standard library, numpy and pyarrow (torch is
-  imported lazily, and only to time ops on a GPU). Outside a sampled window an op costs one method call.
+- It runs inside the training process, so it needs only the standard library, numpy and pyarrow (it never
+  imports torch: on a GPU it times ops with the torch the job has loaded). Outside a sampled window an op
+  costs one method call.
 - On a GPU an op's duration is what its kernels took on the op's stream: CUDA events recorded around it,
   resolved later by polling `Event.query()` at step ends. There is never a synchronize per op; one per
   window anchors the GPU clock to the host's so that ranks' step starts can be aligned. On a CPU it is a
@@ -34,6 +35,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -397,9 +399,9 @@ class _Gpu:
     """CUDA events for one rank: a pool, the ops awaiting their end event, and each step's start event."""
 
     def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
+        # The job's own torch, already loaded with CUDA (`_want_gpu` saw it in sys.modules): the recorder never
+        # imports torch itself, so it stays out of every process that did not load it.
+        self.torch = sys.modules["torch"]
         self.pool: list[tuple[Any, Any]] = []
         self.pending: list[tuple[int, int, int, int, tuple[Any, Any]]] = []
         self.step_event: dict[int, Any] = {}
@@ -456,8 +458,6 @@ def _want_gpu(device: str) -> bool:
         raise RecorderError(f"recorder: device must be auto, cpu or cuda, not {device!r}")
     if device == "cpu":
         return False
-    import sys
-
     torch = sys.modules.get("torch")  # never import torch for a CPU job that did not
     available = torch is not None and torch.cuda.is_available()
     if device == "cuda" and not available:
@@ -466,8 +466,6 @@ def _want_gpu(device: str) -> bool:
 
 
 def _world_rank(default: int) -> int:
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         return int(torch.distributed.get_rank())
