@@ -35,7 +35,6 @@ from robustd.model import Action, Finding, FindingKind, Report, Severity
 
 RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "gpu.yaml")
 KERNEL_RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "kernel.yaml")  # XID_* meanings
-HANG_LOOK_EVERY = 1.0  # how often `reports` looks for a hung event wait while no event comes
 NVML_LIBRARY = "libnvidia-ml.so.1"
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
@@ -148,19 +147,16 @@ class GpuCheck(Check):
         self._hang_grace = self._config(ctx).deadline
 
     async def reports(self) -> AsyncIterator[Report]:
-        """The watcher's findings as they come; NVML_HANG every HANG_LOOK_EVERY while its wait is stuck."""
+        """The watcher's findings as they come (a hung wait is found by the runner's heartbeat: stuck_findings)."""
         queue = self._queue
         assert queue is not None, "start() first"
         while True:
-            try:
-                findings = await asyncio.wait_for(queue.get(), HANG_LOOK_EVERY)
-            except TimeoutError:
-                watcher = self._events
-                hang = watcher.hang_findings(self._hang_grace) if watcher is not None else []
-                if hang:
-                    yield Report(self.name, tuple(hang))
-                continue
-            yield Report(self.name, tuple(findings))
+            yield Report(self.name, tuple(await queue.get()))
+
+    def stuck_findings(self) -> Sequence[Finding] | None:
+        """NVML_HANG on `host` while the event wait (or a field read of the watcher) is stuck past its bound."""
+        watcher = self._events
+        return watcher.hang_findings(self._hang_grace) if watcher is not None else None
 
     async def close(self) -> None:
         """Stop the watcher: its thread sees it within one bounded wait and frees the set (never joined)."""

@@ -82,6 +82,12 @@ class Check:
         """
         return None
 
+    def stuck_findings(self) -> Sequence[Finding] | None:
+        """Findings for a watcher stuck in its source (e.g. an NVML event wait that never returns); None
+        while it is not. The runner's heartbeat asks once a beat, from the event loop, so a watcher needs
+        no timer of its own for this and may only read what its thread published."""
+        return None
+
     def supported(self, ctx: CheckContext) -> str | None:
         """None if the check can run here, else the reason it cannot (shown in ListChecks)."""
         return None

@@ -42,7 +42,7 @@ from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
 from robustd.reload import ADAPTER_KEYS, RESTART_KEYS, changed_keys  # noqa: F401 - importable from here
 from robustd.roots import DEFAULT_CONFIG, read_boot_id
-from robustd.runner import Runner
+from robustd.runner import Runner, on_grid
 from robustd.sdnotify import Notifier, fatal, setup_logging
 from robustd.startup import StartError, check_port, lock_state_dir, prepare_socket_path  # noqa: F401
 from robustd.store import Store
@@ -199,7 +199,8 @@ class Daemon:
 
     def _make_runner(self, settings: Settings) -> Runner:
         instances = [(cls(), settings.checks[name]) for name, cls in self.check_types.items()]
-        return Runner(instances, self._context, lambda report: self.engine.submit(report))
+        return Runner(instances, self._context, lambda report: self.engine.submit(report),
+                      standing=lambda component, code: self.engine.view.standing(component, code))
 
     def _context(self, check: Check, cfg: CheckConfig) -> CheckContext:
         return CheckContext(name=check.name, node_name=self.settings.config.node_name, roots=self.settings.roots(),
@@ -249,7 +250,7 @@ class Daemon:
         last_prune = last_dog = time.monotonic()
         last_status = ""
         while True:
-            await asyncio.sleep(TICK)
+            await on_grid(TICK)  # on the runner heartbeat's grid: one wake serves both
             now = time.monotonic()
             self.engine.tick()
             if now - last_prune >= PRUNE_EVERY:

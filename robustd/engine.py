@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
+from robustd import bounds
 from robustd.codes import CodeTable, Meaning
 from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Report, Severity
 from robustd.policy import Policy
@@ -120,6 +121,12 @@ class EngineView:
     def conditions(self) -> list[Condition]:
         """The standing conditions (a copy: changing it changes nothing)."""
         return list(self._engine.policy.conditions.values())
+
+    def standing(self, component: str, code: str) -> bool:
+        """Whether a condition stands for (component, code), as the policy keys it. Safe from any thread: one
+        dict lookup (the poll threads ask before waking the loop with a "resolved" finding)."""
+        return (bounds.token(component, bounds.MAX_COMPONENT), bounds.token(code, bounds.MAX_CODE)) \
+            in self._engine.policy.conditions
 
     def snapshot(self) -> tuple[list[Condition], int]:
         return self._engine.snapshot()

@@ -305,6 +305,7 @@ def plugin_env(tmp: Path) -> dict[str, str]:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: robustd-test-plugins\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[robustd.checks]\nhang = robustd_test_plugins:HangCheck\n"
                                            "boom = robustd_test_plugins:BoomCheck\n"
-                                           "tick = robustd_test_plugins:TickCheck\n")
+                                           "tick = robustd_test_plugins:TickCheck\n"
+                                           "mark = robustd_test_plugins:MarkCheck\n")
     here = Path(__file__).resolve().parent
     return {"PYTHONPATH": os.pathsep.join([str(tmp / "plugins"), str(here / "plugins"), str(here.parent)])}

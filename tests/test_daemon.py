@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Daemon, bdf, cond, inject_kmsg, need_root, plugin_env
+from conftest import Daemon, bdf, cond, eventually, inject_kmsg, need_root, plugin_env
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
@@ -254,6 +254,37 @@ def test_hanging_and_raising_checks_are_reported_and_others_keep_their_interval(
     assert info["kernel"].status == pb.CHECK_STATUS_DISABLED
     # The stuck worker is not reused: a single poll thread, still blocked.
     assert info["hang"].failures >= 1
+
+
+def test_quiet_polls_still_count_and_a_resolved_poll_clears_what_another_check_raised(make_daemon: Any,
+                                                                                     short_tmp: Path) -> None:
+    """A poll that finds nothing new does not wake the event loop (issue 15), yet ListChecks counts it, and a
+    poll saying "resolved" every time still clears the condition once another source has raised it."""
+    mark = short_tmp / "mark"
+    d = make_daemon({"checks": {"kernel": {"enabled": False}, "hang": {"enabled": False}, "boom": {"enabled": False},
+                                "tick": {"interval": "100ms", "resolve": True},
+                                "mark": {"interval": "100ms", "mark_file": str(mark)}}},
+                    env=plugin_env(short_tmp))
+    d.start()
+    eventually(lambda: checks_by_name(d)["tick"].runs >= 5, 10, "the first quiet polls")
+    before = checks_by_name(d)["tick"]
+    time.sleep(1.0)
+    after = checks_by_name(d)["tick"]
+    assert after.runs - before.runs >= 6 and after.status == pb.CHECK_STATUS_OK, after
+    assert after.last_run.seconds >= before.last_run.seconds
+    def clears() -> int:
+        events = d.stub().ListEvents(pb.ListEventsRequest(component="host"), timeout=5).events
+        return sum(e.kind == pb.EVENT_KIND_CLEARED for e in events)
+
+    for n in range(3):
+        mark.write_text(f"{n}\n")
+        eventually(lambda want=n + 1: clears() == want, 10, f"clear #{n + 1}", detail=d.log)
+    events = d.stub().ListEvents(pb.ListEventsRequest(component="host"), timeout=5).events
+    kinds = [e.kind for e in events if e.condition.code == "TICK_FLAG"]
+    assert kinds == [pb.EVENT_KIND_RAISED, pb.EVENT_KIND_CLEARED] * 3, kinds
+    cleared = [e for e in events if e.kind == pb.EVENT_KIND_CLEARED]
+    assert all(e.condition.evidence["cleared_by"] == "resolved" for e in cleared), cleared
+    assert cond(d.verdict(), "TICK_FLAG") is None
 
 
 def test_sighup_reload_applies_good_config_and_keeps_running_one_on_bad(make_daemon: Any, short_tmp: Path) -> None:
