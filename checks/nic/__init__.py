@@ -16,6 +16,7 @@ and every carrier change is counted once for NIC_FLAPPING, even if events were d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fnmatch
 import os
@@ -88,6 +89,10 @@ class NicCheck(Check):
         self._snapshot: TrafficSnapshot | None = None
         self._ib: IbPorts | None = None
         self._lock = threading.Lock()
+        # The tracker is fed from the loop (subscription events) and from the poll thread (each dump). Its
+        # findings go into the queue in the order it made them: both sides append to the loop's ready list
+        # while holding this lock, and a dump that changes nothing wakes nobody.
+        self._track_lock = threading.Lock()
 
     @staticmethod
     def _config(ctx: CheckContext) -> NicConfig:
@@ -171,30 +176,37 @@ class NicCheck(Check):
 
     def _on_readable(self) -> None:
         """Loop callback: drain the subscription; hand findings to `reports`."""
-        if self._events is None or self._tracker is None:
+        events, tracker, loop = self._events, self._tracker, self._loop
+        if events is None or tracker is None or loop is None:
             return
-        out: list[Finding] = []
-        now = time.monotonic()
+        chunks: list[bytes] = []
         while True:
             try:
-                data = self._events.recv(1 << 20)
+                chunks.append(events.recv(1 << 20))
             except BlockingIOError:
                 break
             except OSError as e:
                 if e.errno == errno.ENOBUFS:  # ENOBUFS: events were dropped; the next dump reconciles
                     continue
                 self._queue.put_nowait(e)
-                if self._loop is not None:
-                    self._loop.remove_reader(self._events.fileno())
+                loop.remove_reader(events.fileno())
                 break
-            for link in link_events(data, self._marshal):
-                out += self._tracker.event(link, now)
-        if out:
-            self._queue.put_nowait(out)
+        now = time.monotonic()
+        with self._track_lock:
+            out = [f for data in chunks for link in link_events(data, self._marshal) for f in tracker.event(link, now)]
+            if out:
+                loop.call_soon(self._queue.put_nowait, out)
 
-    def _on_snapshot(self, links: list[LinkObs], now: float) -> None:
-        if self._tracker is not None:
-            self._queue.put_nowait(self._tracker.snapshot(links, now))
+    def _reconcile(self, links: list[LinkObs], now: float) -> None:
+        """On the poll thread: a dump reconciles the tracker; only what it finds wakes the loop."""
+        loop, tracker = self._loop, self._tracker
+        if loop is None or tracker is None:
+            return
+        with self._track_lock:
+            found = tracker.snapshot(links, now)
+            if found:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: robustd is exiting
+                    loop.call_soon_threadsafe(self._queue.put_nowait, found)
 
     def reports(self) -> AsyncIterator[Report]:
         return self._iterate(self._first)
@@ -214,8 +226,7 @@ class NicCheck(Check):
         cfg = self._config(ctx)
         links = self._dump_now(ctx)
         now = time.monotonic()
-        if self._loop is not None and self._tracker is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._on_snapshot, links, now)
+        self._reconcile(links, now)
         watched = self._tracker.watched if self._tracker else (lambda _: False)
         out: list[Finding] = []
         for o in links:
