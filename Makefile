@@ -56,19 +56,10 @@ proto: $(STAMP)
 man: $(STAMP)
 	$(PY) scripts/gen-man.py
 
+BENCHES = detect_kmsg rules detect_hw overhead api_load diag fleet stragglers shutdown slurm k8s recorder
+
 bench: $(STAMP)
-	$(PY) bench/detect_kmsg.py
-	$(PY) bench/rules.py
-	$(PY) bench/detect_hw.py
-	$(PY) bench/overhead.py
-	$(PY) bench/api_load.py
-	$(PY) bench/diag.py
-	$(PY) bench/fleet.py
-	$(PY) bench/stragglers.py
-	$(PY) bench/shutdown.py
-	$(PY) bench/slurm.py
-	$(PY) bench/k8s.py
-	$(PY) bench/recorder.py
+	set -e; for b in $(BENCHES); do $(PY) bench/$$b.py; done
 
 # robustd-k8s's scenarios (tests/test_k8s.py) against a real cluster instead of the API-server stand-in: the
 # cluster in $$KUBECONFIG (e.g. `kind create cluster`), on its first node, as root. Not part of `make test`.

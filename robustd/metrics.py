@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -58,21 +58,19 @@ class DaemonProbe:
     diagnostic_running: Callable[[], bool]
 
 
+@dataclass(eq=False)
 class StateCollector(Collector):
     """Builds every family from the live state at each scrape (on the HTTP server's thread)."""
 
-    def __init__(self, engine: EngineView, node: str, checks: Callable[[], Sequence[CheckState]],
-                 max_condition_series: int = 1000, probe: DaemonProbe | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.engine = engine
-        self.node = node
-        self.checks = checks
-        self.max_condition_series = max_condition_series
-        self.probe = probe
-        self.clock = clock
-        self.started = time.time()
-        self.dropped = 0  # condition series left out of scrapes, summed over scrapes
-        self._lock = threading.Lock()  # scrapes may run at once (one thread per request)
+    engine: EngineView
+    node: str
+    checks: Callable[[], Sequence[CheckState]]
+    max_condition_series: int = 1000
+    probe: DaemonProbe | None = None
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default_factory=time.time, init=False)
+    dropped: int = field(default=0, init=False)  # condition series left out of scrapes, summed over scrapes
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)  # scrapes may run at once
 
     def collect(self) -> Iterator[Metric]:
         conds = self.engine.conditions()

@@ -8,10 +8,12 @@ by Watch events (`table_from`, `WatchStream`); only what they do with it differs
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -104,8 +106,9 @@ def start(prog: str, config_path: str) -> Any | None:
 class WatchAgent:
     """The life of an adapter process: signals, READY=1, turns until a stop signal, an orderly end.
 
-    A subclass sets `events`, `stopping`, `stream`, `notifier` and `node`, and implements `_resume`
-    (read its state file, log what it resumes), `_turn` (one pass of its loop) and `_shutdown`.
+    A subclass sets `events`, `stopping`, `stream`, `notifier`, `node`, `table`, `connect_backoff` and
+    `log`, and implements `_resume` (read its state file, log what it resumes), `_turn` (one pass of its
+    loop) and `_shutdown`.
     """
 
     events: queue.Queue[tuple[str, Any, Any]]
@@ -113,6 +116,10 @@ class WatchAgent:
     stream: WatchStream | None
     notifier: Any
     node: str
+    table: Table | None
+    connect_backoff: float
+    next_connect: float
+    log: logging.Logger
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -150,6 +157,24 @@ class WatchAgent:
         if self.stopping.is_set():
             os._exit(1)  # a second signal: the operator means it
         self.stopping.set()
+
+    def _stream_lost(self, kind: str, item: Any, status: str, gap_note: str = "") -> None:
+        """The live Watch stream ended: reconnect after the backoff and say so (`status` to systemd). An
+        OUT_OF_RANGE means robustd pruned past the table's seq: a new snapshot at once (`gap_note` says
+        what the adapter cannot replay of the span in between)."""
+        self.stream = None
+        seq = self.table.seq if self.table else 0
+        if kind == "error" and isinstance(item, grpc.RpcError) and item.code() == grpc.StatusCode.OUT_OF_RANGE:
+            self.next_connect = time.monotonic()
+            self.log.warning("robustd no longer has the events after seq %s (%s): taking a new snapshot%s",
+                             seq, item.details(), gap_note)
+            self.table = None
+            return
+        self.next_connect = time.monotonic() + self.connect_backoff
+        why = f"{item.code().name}: {item.details()}" if kind == "error" else item
+        if not self.stopping.is_set():
+            self.log.warning("watch stream lost (%s); reconnecting to resume after seq %s", why, seq)
+            self.notifier.status(status)
 
     def _end_stream(self) -> None:
         """STOPPING=1 to systemd, and the Watch stream cancelled (its thread given 2 s)."""

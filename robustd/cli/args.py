@@ -51,6 +51,22 @@ def argument_type(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
 duration = argument_type(parse_duration, "duration")
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `minimum` (a usage error otherwise)."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be " + ("zero or more" if minimum == 0
+                                                                      else f"at least {minimum}"))
+        return value
+
+    convert.__name__ = "whole number"
+    return convert
+
+
 def positive_duration(text: str, what: str = "") -> float:
     """`duration`, more than zero; `what` names the value in the error (`timeout '0' must be ...`)."""
     value = duration(text)

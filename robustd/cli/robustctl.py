@@ -26,7 +26,7 @@ import grpc
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import completion, output, render
-from robustd.cli.args import duration, examples, positive_duration, verbs
+from robustd.cli.args import duration, examples, positive_duration, verbs, whole_number
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
 from robustd.roots import DEFAULT_SOCKET
 
@@ -61,16 +61,6 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 def _timeout(text: str) -> float:
     return positive_duration(text, "timeout")
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be zero or more")
-    return value
 
 
 def _severity(text: str) -> int:
@@ -121,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     _wide(s)
     w = verb("watch", "stream condition changes as they happen",
              "robustctl watch\nrobustctl watch --json --from-seq 1   # every event in the log, then live ones")
-    w.add_argument("--from-seq", type=_non_negative, default=0, metavar="N",
+    w.add_argument("--from-seq", type=whole_number(0), default=0, metavar="N",
                    help="resume after event N (default: a snapshot, then live events)")
     e = verb("events", "list past events",
              "robustctl events --since 1h\nrobustctl events --component gpu/ --min-severity warning --limit 20 --wide")
@@ -129,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--since", type=duration, metavar="DURATION", help="only events newer than now minus this")
     e.add_argument("--component", default="", help="exact component, or a prefix ending in / (gpu/)")
     e.add_argument("--min-severity", type=_severity, default=0, metavar="{ok,warning,critical}")
-    e.add_argument("--limit", type=_non_negative, default=0, metavar="N", help="newest N matches (default 100)")
+    e.add_argument("--limit", type=whole_number(0), default=0, metavar="N", help="newest N matches (default 100)")
     _wide(verb("checks", "the checks and how their last runs went", "robustctl checks --wide"))
     a = verb("ack", "acknowledge (clear) a condition, e.g. a sticky fault after repair",
              "robustctl ack gpu/0000:1b:00.0 XID_79 --reason 'GPU reseated, RMA 1234'")

@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 from robustd.cli import output, render
-from robustd.cli.args import AddGlobals, argument_type, positive_duration, verbs
+from robustd.cli.args import AddGlobals, argument_type, positive_duration, verbs, whole_number
 
 if TYPE_CHECKING:
     from robustd.stragglers.analysis import Report
@@ -34,7 +34,7 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     w = verb("watch", "follow a recorder's trace directory while the job runs: one line per window (S, wasted GPU "
                       "time, first cause, slowest workers), the heatmap rewritten; exit 1 on an alert")
     w.add_argument("dir", metavar="DIR", help="the trace directory the job's recorders write")
-    w.add_argument("--alert-windows", type=_at_least_one, default=3, metavar="N",
+    w.add_argument("--alert-windows", type=whole_number(1), default=3, metavar="N",
                    help="alert when S stays above --alert-slowdown for N consecutive windows (default 3)")
     w.add_argument("--alert-slowdown", type=_slowdown, default=1.1, metavar="S",
                    help="the slowdown above which a window straggles (default 1.1, the study's line)")
@@ -44,16 +44,6 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     w.add_argument("--idle-timeout", type=_positive("--idle-timeout"), default=600.0, metavar="DURATION",
                    help="stop when no new window appears for this long (default 10m)")
     w.add_argument("--once", action="store_true", help="report the windows already there and exit")
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return v
 
 
 def _parse_slowdown(text: str) -> float:

@@ -22,8 +22,6 @@ import threading
 import time
 from typing import Any, Callable
 
-import grpc
-
 from robustd import __version__
 from robustd.adapters.k8s import families
 from robustd.adapters.k8s.config import K8sConfig
@@ -74,10 +72,15 @@ class Agent(WatchAgent):
         from robustd.sdnotify import Notifier
 
         self.notifier = Notifier()
+        self.log = log
 
     @property
     def table(self) -> Table | None:
         return self.state.table
+
+    @table.setter
+    def table(self, table: Table | None) -> None:
+        self.state.table = table
 
     def _resume(self) -> None:
         saved = self.store.read()
@@ -121,22 +124,9 @@ class Agent(WatchAgent):
             return
         if source is not self.stream:
             return
-        self.stream = None
         self.unreachable_since = self.clock()
-        out_of_range = kind == "error" and isinstance(item, grpc.RpcError) and \
-            item.code() == grpc.StatusCode.OUT_OF_RANGE
-        self.next_connect = time.monotonic() + (0 if out_of_range else self.connect_backoff)
-        if out_of_range:
-            log.warning("robustd no longer has the events after seq %s (%s): taking a new snapshot (Events for "
-                        "the changes in between are not posted; the conditions are right)",
-                        self.table.seq if self.table else 0, item.details())
-            self.state.table = None
-            return
-        why = f"{item.code().name}: {item.details()}" if kind == "error" else item
-        if not self.stopping.is_set():
-            log.warning("watch stream lost (%s); reconnecting to resume after seq %s", why,
-                        self.table.seq if self.table else 0)
-            self.notifier.status(f"node {self.node}: robustd unreachable")
+        self._stream_lost(kind, item, f"node {self.node}: robustd unreachable",
+                          " (Events for the changes in between are not posted; the conditions are right)")
 
     def _connect(self) -> None:
         try:

@@ -21,6 +21,7 @@ import logging
 import math
 import random
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Callable
 
@@ -53,23 +54,24 @@ def has_taint(node: dict[str, Any]) -> bool:
     return any(t.get("key") == TAINT_KEY for t in (node.get("spec") or {}).get("taints") or [])
 
 
+@dataclass(eq=False)
 class Reconciler:
-    def __init__(self, cfg: K8sConfig, kube: Kube, node: str, store: K8sStateFile, state: K8sState,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None):
-        self.cfg = cfg
-        self.kube = kube
-        self.node = node
-        self.store = store
-        self.state = state
-        self.clock = clock
-        self.rng = rng or random.Random()
-        self.applied: dict[str, dict[str, Any]] | None = None  # robustd's conditions on the Node, by type
-        self.next_heartbeat = 0.0
-        self.retry_at = 0.0
-        self.failures = 0
-        self.breaker_at = 0.0
-        self.last_error = ""
-        self.writes = 0  # condition patches made (the benchmark's figure)
+    """Moves one Node toward robustd's table: its Robustd* conditions, Events and quarantine, with backoff."""
+
+    cfg: K8sConfig
+    kube: Kube
+    node: str
+    store: K8sStateFile
+    state: K8sState
+    clock: Callable[[], float] = time.time
+    rng: random.Random = field(default_factory=random.Random)
+    applied: dict[str, dict[str, Any]] | None = field(default=None, init=False)  # robustd's on the Node, by type
+    next_heartbeat: float = field(default=0.0, init=False)
+    retry_at: float = field(default=0.0, init=False)
+    failures: int = field(default=0, init=False)
+    breaker_at: float = field(default=0.0, init=False)
+    last_error: str = field(default="", init=False)
+    writes: int = field(default=0, init=False)  # condition patches made (the benchmark's figure)
 
     # --- the step -----------------------------------------------------------------------------------
 

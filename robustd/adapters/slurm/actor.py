@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from robustd.adapters.slurm.config import SlurmConfig
@@ -47,17 +47,18 @@ class Result:
         return not self.error and self.suppressed is None and self.plan.do in (Do.DRAIN, Do.RESUME, Do.SET_REASON)
 
 
+@dataclass(eq=False)
 class Actor:
-    def __init__(self, cfg: SlurmConfig, slurm: Slurm, store: StateFile, node_name: str,
-                 clock: Callable[[], float] = time.time, lock_timeout: float = 60.0):
-        self.cfg = cfg
-        self.slurm = slurm
-        self.store = store
-        self.node_name = node_name
-        self.clock = clock
-        self.lock_timeout = lock_timeout
-        self._last_note = ""
-        self._last_warning = ""
+    """Applies the Slurm rules to one node, a step at a time, under the state file's lock."""
+
+    cfg: SlurmConfig
+    slurm: Slurm
+    store: StateFile
+    node_name: str
+    clock: Callable[[], float] = time.time
+    lock_timeout: float = 60.0
+    _last_note: str = field(default="", init=False)
+    _last_warning: str = field(default="", init=False)
 
     def step(self, h: Health, table: Table | None = None) -> Result:
         """Apply the rules once. SlurmError (the node could not be read) and LockTimeout propagate."""

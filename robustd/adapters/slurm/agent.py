@@ -28,8 +28,6 @@ import time
 from types import FrameType
 from typing import Any
 
-import grpc
-
 from robustd import __version__
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.actor import Actor
@@ -87,6 +85,7 @@ class Agent(WatchAgent):
         from robustd.sdnotify import Notifier
 
         self.notifier = Notifier()
+        self.log = log
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -132,18 +131,7 @@ class Agent(WatchAgent):
             return
         if source is not self.stream:
             return  # the end of a stream we already replaced
-        self.stream = None
-        self.next_connect = time.monotonic() + (0 if kind == "error" and _out_of_range(item) else self.connect_backoff)
-        if kind == "error" and _out_of_range(item):
-            log.warning("robustd no longer has the events after seq %s (%s): taking a new snapshot",
-                        self.table.seq if self.table else 0, item.details())
-            self.table = None
-            return
-        why = f"{item.code().name}: {item.details()}" if kind == "error" else item
-        if not self.stopping.is_set():
-            log.warning("watch stream lost (%s); reconnecting to resume after seq %s", why,
-                        self.table.seq if self.table else 0)
-            self.notifier.status(f"node {self.node}: robustd unreachable, changing nothing")
+        self._stream_lost(kind, item, f"node {self.node}: robustd unreachable, changing nothing")
 
     def _connect(self) -> bool:
         """GetVerdict, then Watch from the table's seq; False (and a backoff) when robustd does not answer."""
@@ -300,10 +288,6 @@ class Agent(WatchAgent):
             except (OSError, LockTimeout) as e:
                 log.error("cannot save the state file %s at exit: %s", self.store.path, e)
         log.info("robustd-slurm stopped (watch position seq %s)", self.table.seq if self.table else 0)
-
-
-def _out_of_range(err: Any) -> bool:
-    return isinstance(err, grpc.RpcError) and err.code() == grpc.StatusCode.OUT_OF_RANGE
 
 
 def main(argv: list[str] | None = None) -> int:
