@@ -23,6 +23,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _harness import percentile  # noqa: E402
 
 
 def per_op_costs(n: int) -> dict[str, float]:
@@ -72,11 +75,6 @@ def per_op_costs(n: int) -> dict[str, float]:
     return out
 
 
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def job_side_by_side(steps: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="rdb-rec-job-") as tmp:
         trace, stats = Path(tmp) / "trace", Path(tmp) / "stats"
@@ -103,7 +101,7 @@ def job_side_by_side(steps: int) -> tuple[float, float]:
               f"CPU {cpu:.1f}s ({100 * cpu / wall:.0f}% of one core), peak RSS of a rank "
               f"{r1.ru_maxrss / 1024:.0f}MB, {ops_per_step:.0f} ops per rank and step", flush=True)
         for label, xs in (("recorded", on), ("not recorded", off)):
-            print(f"  step time {label:13s}: p50 {statistics.median(xs):7.1f} ms  p99 {pct(xs, 0.99):7.1f} ms  "
+            print(f"  step time {label:13s}: p50 {statistics.median(xs):7.1f} ms  p99 {percentile(xs, 99):7.1f} ms  "
                   f"mean {statistics.fmean(xs):7.1f} ms  (n={len(xs)} rank-steps)", flush=True)
         diff = statistics.median(on) / statistics.median(off) - 1
         print(f"  measured difference of medians: {100 * diff:+.2f}% (noise on a shared machine: see the "

@@ -390,7 +390,7 @@ class GpuCheck(Check):
 
     def _nvlink(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:
         """Links active at start that went down; error counters (every nvlink_counters_every-th poll) rising."""
-        down, rising = [], []
+        rising: list[str] = []
         counters = self._polls % cfg.nvlink_counters_every == 0
         down = [str(link) for link in self._links_down(g, comp)]
         for link in g.active_links if counters else ():
@@ -482,4 +482,3 @@ class GpuCheck(Check):
                               f"{len(pids)} GPU processes alive, GPUs idle and network quiet for {idle:.0f}s",
                               pids=",".join(str(p) for p in sorted(pids)), max_utilization=f"{max(utils)}%",
                               traffic_bytes_per_s=f"{rate:.0f}", idle_for=f"{idle:.0f}s")]
-

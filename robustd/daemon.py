@@ -33,6 +33,7 @@ from robustd.api.v1 import robustd_pb2 as pb
 from robustd.authz import Authorizer
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import BUILTIN_CODES, discover_checks  # noqa: F401 - importable from here, as before
+from robustd.cli.args import examples
 from robustd.config import ConfigError, Settings, load_config
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
@@ -371,10 +372,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="robustd", description="Node health daemon for GPU training hosts.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n"
-               "  robustd --check-config --config /etc/robustd/robustd.yaml\n"
-               "  robustd --config etc/robustd.dev-emulated.yaml   # what `make run` starts\n"
-               "  systemctl reload robustd                         # SIGHUP: re-read the config, log what changed")
+        epilog=examples("robustd --check-config --config /etc/robustd/robustd.yaml",
+                        "robustd --config etc/robustd.dev-emulated.yaml   # what `make run` starts",
+                        "systemctl reload robustd                         "
+                        "# SIGHUP: re-read the config, log what changed"))
     p.add_argument("--config", help=f"config file (default {DEFAULT_CONFIG})")
     p.add_argument("--socket", help="override listen.unix")
     p.add_argument("--state-dir", help="override state_dir")

@@ -110,6 +110,7 @@ class Runner:
         beat = BEAT
         polled = [st for st in self.states if st.check.mode in ("poll", "both")
                   and st.status not in ("DISABLED", "UNSUPPORTED")]
+        order = {id(st): i for i, st in enumerate(polled)}
         for st in self.states:
             if st.status in ("DISABLED", "UNSUPPORTED"):
                 continue
@@ -121,8 +122,8 @@ class Runner:
                     st.ctx = self.make_context(st.check, st.config)
                 # Phases spread over the grid's half-beat, off its points: polls do not wait on each other
                 # for the interpreter, nor on the loop's beats and ticks.
-                phase = (polled.index(st) + 1) / (len(polled) + 1) * min(st.config.interval, BEAT / 2)
-                st.worker = _PollWorker(st, st.ctx, loop, self._clocked(st), self._deliver, self._standing, phase)
+                phase = (order[id(st)] + 1) / (len(polled) + 1) * min(st.config.interval, BEAT / 2)
+                st.worker = _PollWorker(st, st.ctx, loop, self.clock, self._deliver, self._standing, phase)
                 beat = max(MIN_BEAT, min(beat, st.config.deadline))
         self.tasks.append(loop.create_task(self._heartbeat(beat), name="runner-heartbeat"))
 
@@ -170,11 +171,6 @@ class Runner:
             await on_grid(beat)
 
     # -- poll checks ---------------------------------------------------------------------------
-    def _clocked(self, st: CheckState) -> Callable[[], None]:
-        def started() -> None:
-            st.last_run = self.clock()
-        return started
-
     def _deliver(self, worker: _PollWorker, findings: Any, error: BaseException | None, took: float) -> None:
         """On the loop: one poll's outcome, sent by its thread because it has something to say."""
         st = worker.st
@@ -296,10 +292,10 @@ class _PollWorker:
     """
 
     def __init__(self, st: CheckState, ctx: CheckContext, loop: asyncio.AbstractEventLoop,
-                 started: Callable[[], None], deliver: Callable[..., None], standing: Standing, phase: float = 0.0):
+                 clock: Callable[[], float], deliver: Callable[..., None], standing: Standing, phase: float = 0.0):
         self.st = st
         self._phase = phase  # after the first poll, polls fall at this offset from multiples of the interval
-        self._ctx, self._loop, self._started, self._deliver = ctx, loop, started, deliver
+        self._ctx, self._loop, self._clock, self._deliver = ctx, loop, clock, deliver
         self._standing = standing
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -349,7 +345,7 @@ class _PollWorker:
             started = time.monotonic()
             with self._lock:
                 self._since = started
-            self._started()
+            st.last_run = self._clock()
             findings: Any = None
             error: BaseException | None = None
             try:

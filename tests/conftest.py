@@ -283,19 +283,39 @@ def daemon(make_daemon: Any) -> Daemon:
     return d
 
 
-@pytest.fixture(scope="session")
-def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An interpreter whose `import torch` fails, as with a torch built for another CUDA: a wrapper that puts
-    a stand-in torch raising ImportError first on PYTHONPATH, for the child and every process it starts."""
-    root = tmp_path_factory.mktemp("notorch")
+def python_with_torch(root: Path, torch_init: str) -> str:
+    """An interpreter (a wrapper script under `root`) whose `import torch` runs `torch_init` instead: a stand-in
+    torch put first on PYTHONPATH, for the child and every process it starts."""
     (root / "shadow" / "torch").mkdir(parents=True)
-    (root / "shadow" / "torch" / "__init__.py").write_text(
-        'raise ImportError("torch is not usable here: libcudart.so.12: cannot open shared object file")\n')
+    (root / "shadow" / "torch" / "__init__.py").write_text(torch_init)
     wrapper = root / "python"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={root / "shadow"}${{PYTHONPATH:+:$PYTHONPATH}} '
                        f'exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+@pytest.fixture(scope="session")
+def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An interpreter whose `import torch` fails, as with a torch built for another CUDA."""
+    return python_with_torch(tmp_path_factory.mktemp("notorch"),
+                             'raise ImportError("torch is not usable here: libcudart.so.12: cannot open shared '
+                             'object file")\n')
+
+
+def stragglers_cli(*argv: str) -> tuple[int, str]:
+    """`robustctl stragglers ARGV... [--json]` in process: its exit status and what it printed."""
+    import argparse
+    import io
+
+    from robustd.cli import stragglers as cli
+
+    p = argparse.ArgumentParser(prog="robustctl stragglers")
+    cli.add_parser(p, lambda v, top: v.add_argument("--json", action="store_true"))
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cli.run(p.parse_args(list(argv)))
+    return code, buf.getvalue()
 
 
 def plugin_env(tmp: Path) -> dict[str, str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 import shutil
 import signal
@@ -31,6 +30,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Callable, Sequence
+
+from robustd.adapters.slurm.statefile import LockTimeout, exclusive_lock
 
 SUITE = "bookworm"
 # systemd as init; libcap2-bin for capsh, to name the capabilities a process holds. The caller adds what
@@ -134,20 +135,13 @@ def _customize(root: Path) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path, timeout: float):  # type: ignore[no-untyped-def]
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise NestedError(f"{path} stayed locked for {timeout:.0f}s") from None
-                time.sleep(0.5)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(exclusive_lock(str(path), timeout, f"{path} stayed locked for {timeout:.0f}s",
+                                              mode=0o644, every=0.5))
+        except LockTimeout as e:
+            raise NestedError(str(e)) from None
         yield
-    finally:
-        os.close(fd)
 
 
 def cgroup2_mount() -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Daemon
+from conftest import REPO, Daemon, python_with_torch
 from test_cli_tty import env, on_pty
 
 ROBUSTCTL = [sys.executable, "-m", "robustd.cli.robustctl"]
@@ -27,15 +27,8 @@ def diag_daemon(make_daemon: Any, mode: str, timeout: str = "20s") -> Daemon:
 def python_with_broken_torch(tmp_path: Path) -> str:
     """An interpreter whose torch raises at import, as a CUDA build does on a node with a broken driver:
     the child dies with a Python traceback on stderr (not a clean cannot_run line)."""
-    (tmp_path / "shadow" / "torch").mkdir(parents=True)
-    (tmp_path / "shadow" / "torch" / "__init__.py").write_text(
-        "def _init():\n    raise RuntimeError('CUDA driver initialization failed, you might not have a CUDA gpu.')\n"
-        "_init()\n")
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path / "shadow"}${{PYTHONPATH:+:$PYTHONPATH}} '
-                       f'exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
+    return python_with_torch(tmp_path, "def _init():\n    raise RuntimeError('CUDA driver initialization failed, "
+                                       "you might not have a CUDA gpu.')\n_init()\n")
 
 
 def test_an_erroring_test_says_why_with_the_childs_stderr(make_daemon: Any, python_with_broken_torch: str) -> None:

@@ -7,10 +7,8 @@ robustd.stragglers.synth; the real multi-process job is tests/test_pipeline_exam
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
-import io
 import json
 import os
 import subprocess
@@ -21,23 +19,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import stragglers_cli as robustctl
 
-from robustd.cli import stragglers as cli
 from robustd.stragglers import OpTraceError, load_metadata, load_op_trace, tracedir
 from robustd.stragglers.optrace import OP_TYPES
 from robustd.stragglers.recorder import Recorder, RecorderError
 from robustd.stragglers.synth import _schedule
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def robustctl(*argv: str) -> tuple[int, str]:
-    p = argparse.ArgumentParser(prog="robustctl stragglers")
-    cli.add_parser(p, lambda v, top: v.add_argument("--json", action="store_true"))
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = cli.run(p.parse_args(list(argv)))
-    return code, buf.getvalue()
 
 
 def busy(n: int = 2000) -> None:

@@ -8,8 +8,6 @@ processes with a worker slowed from mid-run, watched by robustctl in its own pro
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
@@ -23,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import stragglers_cli as robustctl
 
 from robustd.cli import stragglers as cli
 from robustd.stragglers import synth
@@ -31,15 +30,6 @@ from robustd.stragglers.recorder import DONE_FORMAT, SHARD_FORMAT
 
 REPO = Path(__file__).resolve().parent.parent
 WINDOW = 3  # steps per window
-
-
-def robustctl(*argv: str) -> tuple[int, str]:
-    p = argparse.ArgumentParser(prog="robustctl stragglers")
-    cli.add_parser(p, lambda v, top: v.add_argument("--json", action="store_true"))
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = cli.run(p.parse_args(list(argv)))
-    return code, buf.getvalue()
 
 
 def synthetic_windows(windows: int, fault_from: int) -> dict[int, dict[str, np.ndarray]]:

@@ -24,7 +24,11 @@ from robustd.adapters.slurm import client
 from robustd.adapters.slurm.model import Table
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.cli.args import examples as cli_examples
 from robustd.roots import DEFAULT_CONFIG
+
+RPC_TIMEOUT = 5.0  # GetVerdict on the local socket
+CONNECT_BACKOFF = (0.2, 5.0)  # seconds between tries while robustd does not answer: first, most
 
 
 def table_from(v: pb.Verdict) -> Table:
@@ -83,7 +87,7 @@ def agent_parser(prog: str, description: str, *examples: str) -> argparse.Argume
     """An adapter's command line: --config, --check-config, --version, and its examples in --help."""
     p = argparse.ArgumentParser(prog=prog, description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="examples:\n" + "\n".join(f"  {e}" for e in examples))
+                                epilog=cli_examples(*examples))
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
     p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
@@ -106,9 +110,9 @@ def start(prog: str, config_path: str) -> Any | None:
 class WatchAgent:
     """The life of an adapter process: signals, READY=1, turns until a stop signal, an orderly end.
 
-    A subclass sets `events`, `stopping`, `stream`, `notifier`, `node`, `table`, `connect_backoff` and
-    `log`, and implements `_resume` (read its state file, log what it resumes), `_turn` (one pass of its
-    loop) and `_shutdown`.
+    A subclass sets `events`, `stopping`, `stream`, `notifier`, `node`, `socket`, `table`, `log` and
+    `_last_error`, and implements `_resume` (read its state file, log what it resumes), `_turn` (one pass
+    of its loop) and `_shutdown`.
     """
 
     events: queue.Queue[tuple[str, Any, Any]]
@@ -116,10 +120,12 @@ class WatchAgent:
     stream: WatchStream | None
     notifier: Any
     node: str
+    socket: str
     table: Table | None
-    connect_backoff: float
-    next_connect: float
+    connect_backoff: float = CONNECT_BACKOFF[0]
+    next_connect: float = 0.0
     log: logging.Logger
+    _last_error: str
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -157,6 +163,44 @@ class WatchAgent:
         if self.stopping.is_set():
             os._exit(1)  # a second signal: the operator means it
         self.stopping.set()
+
+    def _error(self, text: str, level: int = logging.WARNING) -> None:
+        """Log `text` once, not again while the same error repeats (`_last_error = ""` once it is over)."""
+        if text != self._last_error:
+            self.log.log(level, "%s", text)
+            self._last_error = text
+
+    def _open_watch(self, unreachable: str) -> pb.Verdict | None:
+        """GetVerdict, the table brought up to it (`_sync`), then Watch from the table's seq. None, with
+        `unreachable` and the reason logged once and the next try backed off, when robustd does not answer."""
+        try:
+            v = client.get_verdict(self.socket, RPC_TIMEOUT)
+        except client.Unreachable as e:
+            self._error(f"robustd unreachable ({e}); {unreachable}")
+            self.next_connect = time.monotonic() + self.connect_backoff
+            self.connect_backoff = min(self.connect_backoff * 2, CONNECT_BACKOFF[1])
+            return None
+        self._sync(v)
+        assert self.table is not None
+        self.stream = WatchStream(self.socket, self.table.seq, self.events)
+        self.stream.start()
+        self.connect_backoff = CONNECT_BACKOFF[0]
+        self._last_error = ""
+        self.log.info("watching robustd from seq %d (node verdict seq %d, boot %s)", self.table.seq, v.seq,
+                      v.boot_id)
+        return v
+
+    def _sync(self, v: pb.Verdict) -> bool:
+        """Bring the table up to the daemon's verdict `v`: its boot id, or a new snapshot when there is no
+        table yet or the daemon's newest seq is below ours (its event log was reset). True: a new snapshot."""
+        if self.table is not None and v.seq >= self.table.seq:
+            self.table.boot_id = v.boot_id
+            return False
+        if self.table is not None:
+            self.log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
+                             v.seq, self.table.seq)
+        self.table = table_from(v)
+        return True
 
     def _stream_lost(self, kind: str, item: Any, status: str, gap_note: str = "") -> None:
         """The live Watch stream ended: reconnect after the backoff and say so (`status` to systemd). An

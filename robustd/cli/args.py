@@ -14,8 +14,7 @@ T = TypeVar("T")
 
 def examples(*commands: str) -> str:
     """An epilog of example command lines, kept as written by `--help` and the man pages."""
-    return "example:\n" + "\n".join(f"  {c}" for c in commands) if len(commands) == 1 else \
-        "examples:\n" + "\n".join(f"  {c}" for c in commands)
+    return ("example:" if len(commands) == 1 else "examples:") + "".join(f"\n  {c}" for c in commands)
 
 
 def verbs(parent: argparse.ArgumentParser, dest: str, add_globals: AddGlobals) -> Verb:
@@ -73,3 +72,12 @@ def positive_duration(text: str, what: str = "") -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{what} {text!r} must be more than zero".lstrip())
     return value
+
+
+def positive(what: str) -> Callable[[str], float]:
+    """An argparse type: `positive_duration` naming `what` in its error (`--poll '0' must be ...`)."""
+    def convert(text: str) -> float:
+        return positive_duration(text, what)
+
+    convert.__name__ = "duration"
+    return convert

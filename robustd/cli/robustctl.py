@@ -26,7 +26,7 @@ import grpc
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import completion, output, render
-from robustd.cli.args import duration, examples, positive_duration, verbs, whole_number
+from robustd.cli.args import duration, examples, positive, verbs, whole_number
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
 from robustd.roots import DEFAULT_SOCKET
 
@@ -59,8 +59,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
 
-def _timeout(text: str) -> float:
-    return positive_duration(text, "timeout")
+_timeout = positive("timeout")
 
 
 def _severity(text: str) -> int:

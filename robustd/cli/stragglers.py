@@ -13,7 +13,7 @@ import json
 from typing import TYPE_CHECKING
 
 from robustd.cli import output, render
-from robustd.cli.args import AddGlobals, argument_type, positive_duration, verbs, whole_number
+from robustd.cli.args import AddGlobals, argument_type, positive, verbs, whole_number
 
 if TYPE_CHECKING:
     from robustd.stragglers.analysis import Report
@@ -39,9 +39,9 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     w.add_argument("--alert-slowdown", type=_slowdown, default=1.1, metavar="S",
                    help="the slowdown above which a window straggles (default 1.1, the study's line)")
     w.add_argument("--heatmap", metavar="OUT.png", help="rewrite this heatmap per window (default DIR/heatmap.png)")
-    w.add_argument("--poll", type=_positive("--poll"), default=1.0, metavar="DURATION",
+    w.add_argument("--poll", type=positive("--poll"), default=1.0, metavar="DURATION",
                    help="how often to look for new shards (default 1s)")
-    w.add_argument("--idle-timeout", type=_positive("--idle-timeout"), default=600.0, metavar="DURATION",
+    w.add_argument("--idle-timeout", type=positive("--idle-timeout"), default=600.0, metavar="DURATION",
                    help="stop when no new window appears for this long (default 10m)")
     w.add_argument("--once", action="store_true", help="report the windows already there and exit")
 
@@ -56,12 +56,6 @@ def _parse_slowdown(text: str) -> float:
 _slowdown = argument_type(_parse_slowdown, "slowdown")
 
 
-def _positive(what: str):  # noqa: ANN202 - an argparse type
-    def convert(text: str) -> float:
-        return positive_duration(text, what)
-
-    convert.__name__ = "duration"
-    return convert
 
 
 def run(args: argparse.Namespace) -> int:

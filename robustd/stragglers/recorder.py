@@ -32,6 +32,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -39,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from robustd.stragglers.optrace import OP_TYPES
 
@@ -379,10 +380,8 @@ class Recorder:
             "mb_id": pa.array(np.fromiter((r.mb for r in rows), np.int32, n)),
             "step_start": pa.array(np.array([starts.get(int(s), np.nan) for s in step], np.float64)),
         }
-        path = self.dir / SHARD_FORMAT.format(first=first, dp=self.dp_rank, pp=self.pp_rank)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        pq.write_table(pa.table(cols), tmp)
-        os.replace(tmp, path)
+        with replacing(self.dir / SHARD_FORMAT.format(first=first, dp=self.dp_rank, pp=self.pp_rank)) as tmp:
+            pq.write_table(pa.table(cols), tmp)
         self.shards_written += 1
 
     def _write_metadata(self, name: str, world: int, tp: int, dsp: int) -> None:
@@ -488,7 +487,15 @@ def _megatron_state() -> tuple[int, int, int, int, int, int, int]:
             ps.get_tensor_model_parallel_rank(), cp)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` to write to, renamed onto `path` when the block ends: a reader (the
+    analyser, `watch`) sees the old file or the whole new one, never half of one."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
+    yield tmp
     os.replace(tmp, path)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)

@@ -12,7 +12,6 @@ or when no new window has appeared for `idle_timeout` seconds.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from pathlib import Path
 from robustd.stragglers import heatmap, tracedir
 from robustd.stragglers.analysis import Report, analyze
 from robustd.stragglers.optrace import Meta, OpTraceError
-from robustd.stragglers.recorder import METADATA
+from robustd.stragglers.recorder import METADATA, replacing
 
 EXIT_OK, EXIT_ALERT = 0, 1
 MAX_WINDOWS_PER_POLL = 64  # a watch far behind reports the newest windows, not a backlog of thousands
@@ -90,10 +89,9 @@ class Watch:
         except (OpTraceError, OSError) as e:
             return Window(first=first, steps=[], report=None, error=str(e))
         if self.heatmap_path is not None:
-            tmp = self.heatmap_path.with_name(f".{self.heatmap_path.name}.tmp{os.getpid()}")
-            heatmap.write_png(report.worker_matrix, tmp, title=f"steps {report.steps[0]}-{report.steps[-1]}: "
-                                                                f"S = {report.slowdown:.3f}")
-            os.replace(tmp, self.heatmap_path)
+            with replacing(self.heatmap_path) as tmp:
+                heatmap.write_png(report.worker_matrix, tmp,
+                                  title=f"steps {report.steps[0]}-{report.steps[-1]}: S = {report.slowdown:.3f}")
         return Window(first=first, steps=report.steps, report=report)
 
     def alert(self, w: Window) -> str | None:

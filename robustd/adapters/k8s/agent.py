@@ -30,14 +30,13 @@ from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.model import CLEARED, Table
-from robustd.adapters.watch import WatchAgent, WatchStream, agent_parser, start, table_from
+from robustd.adapters.watch import WatchAgent, WatchStream, agent_parser, start
+from robustd.api.v1 import robustd_pb2 as pb
 
 log = logging.getLogger("robustd.k8s")
 
-RPC_TIMEOUT = 5.0
 TICK = 0.25  # the longest the loop sleeps between looks at the stop flag
 SAVE_EVERY = 1.0
-CONNECT_BACKOFF = (0.2, 5.0)
 UNKNOWN_AFTER = 3  # heartbeats without robustd before its conditions become Unknown
 
 
@@ -63,8 +62,6 @@ class Agent(WatchAgent):
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()
         self.stream: WatchStream | None = None
-        self.next_connect = 0.0
-        self.connect_backoff = CONNECT_BACKOFF[0]
         self.unreachable_since: float | None = clock()  # wall clock; None while robustd answers
         self.saved_seq = -1
         self.last_save = 0.0
@@ -129,32 +126,17 @@ class Agent(WatchAgent):
                           " (Events for the changes in between are not posted; the conditions are right)")
 
     def _connect(self) -> None:
-        try:
-            v = client.get_verdict(self.socket, RPC_TIMEOUT)
-        except client.Unreachable as e:
-            if str(e) != self._last_error:
-                log.warning("robustd unreachable (%s); its conditions become Unknown after %d heartbeats", e,
-                            UNKNOWN_AFTER)
-                self._last_error = str(e)
-            self.next_connect = time.monotonic() + self.connect_backoff
-            self.connect_backoff = min(self.connect_backoff * 2, CONNECT_BACKOFF[1])
+        if self._open_watch(f"its conditions become Unknown after {UNKNOWN_AFTER} heartbeats") is None:
             return
-        if self.table is None or v.seq < self.table.seq:
-            if self.table is not None:
-                log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
-                            v.seq, self.table.seq)
-            self.state.table = table_from(v)
-            self.state.events_seq = max(self.state.events_seq, int(v.seq))
-        else:
-            self.table.boot_id = v.boot_id
-        assert self.table is not None
-        self.stream = WatchStream(self.socket, self.table.seq, self.events)
-        self.stream.start()
-        self.connect_backoff = CONNECT_BACKOFF[0]
         self.unreachable_since = None
-        self._last_error = ""
-        log.info("watching robustd from seq %d (node verdict seq %d, boot %s)", self.table.seq, v.seq, v.boot_id)
         self.notifier.status(f"node {self.node}: watching robustd")
+
+    def _sync(self, v: pb.Verdict) -> bool:
+        """As every adapter does; a new snapshot also marks its conditions as already posted as Events."""
+        if not super()._sync(v):
+            return False
+        self.state.events_seq = max(self.state.events_seq, int(v.seq))
+        return True
 
     def _save_position(self) -> None:
         """The Watch position (and the Events queued with it) at most once a second; at exit always."""

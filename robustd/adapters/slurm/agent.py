@@ -36,15 +36,12 @@ from robustd.adapters.slurm.model import SelfCheck, Table
 from robustd.adapters.slurm.rules import Do, Health, assess
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
 from robustd.adapters.slurm.statefile import LockTimeout, StateFile
-from robustd.adapters.watch import WatchAgent, WatchStream, agent_parser, start, table_from
-from robustd.api.v1 import robustd_pb2 as pb
+from robustd.adapters.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
 
 log = logging.getLogger("robustd.slurm")
 
-RPC_TIMEOUT = 5.0
 TICK = 0.25  # the longest the loop sleeps between looks at the stop flag
 SAVE_EVERY = 1.0  # the Watch position is saved at most this often (and after every pass and at exit)
-CONNECT_BACKOFF = (0.2, 5.0)
 
 
 def node_name(cfg: SlurmConfig) -> str:
@@ -73,8 +70,6 @@ class Agent(WatchAgent):
         self.summary: tuple[bool, int, str] | None = None  # the faults the last successful pass acted on
         self.saved_seq = -1
         self.last_save = 0.0
-        self.next_connect = 0.0
-        self.connect_backoff = CONNECT_BACKOFF[0]
         self.next_reconcile = 0.0  # at start
         self.next_retry: float | None = None
         self.retry_backoff = 1.0
@@ -135,21 +130,9 @@ class Agent(WatchAgent):
 
     def _connect(self) -> bool:
         """GetVerdict, then Watch from the table's seq; False (and a backoff) when robustd does not answer."""
-        try:
-            v = client.get_verdict(self.socket, RPC_TIMEOUT)
-        except client.Unreachable as e:
-            self._error(f"robustd unreachable ({e}); changing nothing in Slurm until it answers")
-            self.next_connect = time.monotonic() + self.connect_backoff
-            self.connect_backoff = min(self.connect_backoff * 2, CONNECT_BACKOFF[1])
+        if self._open_watch("changing nothing in Slurm until it answers") is None:
             return False
-        self._sync(v)
-        assert self.table is not None
-        self.stream = WatchStream(self.socket, self.table.seq, self.events)
-        self.stream.start()
-        self.connect_backoff = CONNECT_BACKOFF[0]
         self.summary = None  # look at Slurm once connected (at start: the reconcile on start)
-        self._last_error = ""
-        log.info("watching robustd from seq %d (node verdict seq %d, boot %s)", self.table.seq, v.seq, v.boot_id)
         return True
 
     def _probe(self) -> bool:
@@ -163,18 +146,6 @@ class Agent(WatchAgent):
             if self.stream is not None:
                 self.stream.cancel()
             return False
-        return True
-
-    def _sync(self, v: pb.Verdict) -> bool:
-        """Bring the table up to the daemon's verdict `v`: its boot id, or a new snapshot when there is no
-        table yet or the daemon's newest seq is below ours (its event log was reset). True: a new snapshot."""
-        if self.table is not None and v.seq >= self.table.seq:
-            self.table.boot_id = v.boot_id
-            return False
-        if self.table is not None:
-            log.warning("robustd's newest seq %d is below ours (%d): its event log was reset; new snapshot",
-                        v.seq, self.table.seq)
-        self.table = table_from(v)
         return True
 
     def _health(self) -> Health:
@@ -266,11 +237,6 @@ class Agent(WatchAgent):
             if st.respect_until_seq:
                 text += " (a fault stands; an operator's resume is respected)"
         self.notifier.status(f"node {self.node}: {text}")
-
-    def _error(self, text: str, level: int = logging.WARNING) -> None:
-        if text != self._last_error:
-            log.log(level, "%s", text)
-            self._last_error = text
 
     # --- stopping --------------------------------------------------------------------------------
 

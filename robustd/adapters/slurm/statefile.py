@@ -94,19 +94,27 @@ class StateFile:
     def locked(self, timeout: float) -> Iterator[None]:
         """Hold the state lock for the block; LockTimeout if it cannot be had within `timeout` seconds."""
         os.makedirs(os.path.dirname(self.lock_path) or ".", mode=0o750, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as e:
-                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise
-                    if time.monotonic() >= deadline:
-                        raise LockTimeout(f"{self.lock_path} is held by another robustd-slurm process") from None
-                    time.sleep(0.01)
+        with exclusive_lock(self.lock_path, timeout, f"{self.lock_path} is held by another robustd-slurm process"):
             yield
-        finally:
-            os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str, timeout: float, held: str, mode: int = 0o640, every: float = 0.01) -> Iterator[None]:
+    """An exclusive flock on `path` (created with `mode`) for the block, tried every `every` seconds;
+    LockTimeout(`held`) if it cannot be had within `timeout`. Closing the file releases it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise LockTimeout(held) from None
+                time.sleep(every)
+        yield
+    finally:
+        os.close(fd)
