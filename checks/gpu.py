@@ -32,10 +32,10 @@ from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
 from robustd.model import Action, Finding, FindingKind, Report, Severity
+from robustd.roots import DEFAULT_NVML_LIBRARY
 
 RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "gpu.yaml")
 KERNEL_RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "kernel.yaml")  # XID_* meanings
-NVML_LIBRARY = "libnvidia-ml.so.1"
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -108,9 +108,10 @@ class GpuCheck(Check):
         if cfg.expected_gpus:
             return None  # a host that expects GPUs reports a missing driver as NVML_UNAVAILABLE
         try:
-            ctypes.CDLL(NVML_LIBRARY)
+            ctypes.CDLL(ctx.roots.nvml_library)
         except OSError:
-            return f"no NVIDIA driver ({NVML_LIBRARY} not found) and checks.gpu.expected_gpus is not set"
+            return (f"no NVIDIA driver ({ctx.roots.nvml_library} not found) and checks.gpu.expected_gpus is not "
+                    "set")
         return None
 
     # -- findings ------------------------------------------------------------------------------
@@ -201,6 +202,8 @@ class GpuCheck(Check):
             os.environ[ENV_VAR] = os.path.abspath(cfg.emulator_state or "")
             ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)  # before pynvml's dlopen of the same SONAME
             self._emulated = True
+        elif ctx.roots.nvml_library != DEFAULT_NVML_LIBRARY:  # roots.nvml_library names another copy: load it
+            ctypes.CDLL(ctx.roots.nvml_library, mode=ctypes.RTLD_GLOBAL)  # first, as for the emulator
         self._levels = load_temperature_levels(RULES)
         self._call("host", pynvml.nvmlInit)
         self.driver_version = _text(self._call("host", pynvml.nvmlSystemGetDriverVersion))

@@ -43,7 +43,9 @@ _CLOSED = object()
 class KernelConfig(CheckConfig):
     """`checks.kernel`."""
 
-    kmsg_path: AbsPath = DEFAULT_KMSG
+    root_aliases = {"kmsg_path": "kmsg"}
+
+    kmsg_path: AbsPath = DEFAULT_KMSG  # an older name for roots.kmsg, folded into it at load
     lookback: Duration = 300.0  # backlog of this boot scanned when there is no cursor for it
     rules: list[AbsPath] = Field(default_factory=list)  # extra rule files, tried before the shipped one
     buffer_lines: int = Field(default=8, ge=1, le=256)  # ring buffer for multi-line rules
@@ -102,11 +104,10 @@ class KernelCheck(Check):
     def _config(ctx: CheckContext) -> KernelConfig:
         return ctx.config if isinstance(ctx.config, KernelConfig) else KernelConfig()
 
-    @classmethod
-    def kmsg_path(cls, ctx: CheckContext) -> str:
-        """The config's path when set, else the roots' (which the daemon builds from it)."""
-        cfg = cls._config(ctx)
-        return cfg.kmsg_path if cfg.kmsg_path != DEFAULT_KMSG else ctx.roots.kmsg
+    @staticmethod
+    def kmsg_path(ctx: CheckContext) -> str:
+        """roots.kmsg (checks.kernel.kmsg_path is folded into it when the config is loaded)."""
+        return ctx.roots.kmsg
 
     def supported(self, ctx: CheckContext) -> str | None:
         path = self.kmsg_path(ctx)

@@ -28,6 +28,10 @@ class CheckConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # Keys of this check that name an outside path, kept for the files that write them: each is folded into
+    # its `roots:` key at load (robustd/config.py), and the check reads the path from CheckContext.roots.
+    root_aliases: ClassVar[Mapping[str, str]] = {}
+
     enabled: bool = True
     interval: PositiveDuration = 1.0
     timeout: Duration | None = None  # the poll deadline; default: the interval, at most 10s

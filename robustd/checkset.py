@@ -1,4 +1,5 @@
-"""The checks a daemon runs: which there are, the codes they raise, and what they publish.
+"""The checks a daemon runs: which there are, what of the config they read, the codes they raise, and
+what they publish.
 
 Built-in checks come in their fixed order, then third-party ones from the `robustd.checks` entry-point
 group; the code table layers the daemon's own codes, each running check's rules, the stop-time tests'
@@ -13,8 +14,9 @@ from typing import Mapping, Sequence
 
 from robustd.check import Check
 from robustd.codes import CodeRule, CodeTable
-from robustd.config import Settings
+from robustd.config import Schema, Settings
 from robustd.diagnostics.manager import codes as diag_codes
+from robustd.diagnostics.table import NAMES as STOP_TIME_TESTS
 from robustd.inventory import NO_GPUS, GpuInventory, GpuInventoryProvider
 from robustd.runner import CheckState
 from robustd.traffic import TrafficProvider, TrafficSnapshot
@@ -51,6 +53,15 @@ def discover_checks() -> dict[str, type[Check]]:
             continue
         found[name] = cls
     return found
+
+
+def config_schema(check_types: Mapping[str, type[Check]]) -> Schema:
+    """What the daemon validates of robustd.yaml: every core key, each check's section by its registered
+    Config, every registered section (robustd/sections.py), and diagnostics.levels against the test table."""
+    from robustd.sections import discover_sections
+
+    return Schema(checks={n: c.Config for n, c in check_types.items()}, sections=discover_sections(),
+                  stop_time_tests=STOP_TIME_TESTS)
 
 
 def code_table(states: Sequence[CheckState], settings: Settings) -> CodeTable:

@@ -1,5 +1,15 @@
 """robustd.yaml: validated with pydantic, errors reported with key path and line number.
 
+One file serves several processes: the daemon reads the core keys below and `checks:`, robustd-slurm and
+the Slurm hooks its `slurm:` section, robustd-k8s its `k8s:`. Each process validates what it reads, and
+says so with a `Schema`: the checks' `Config` models (each check registers its own), the sections other
+processes own (registered by name: the daemon finds them through the `robustd.sections` entry-point
+group, robustd/sections.py), the stop-time test names `diagnostics.levels` may use, and which core keys it
+reads. This module knows that registry, never Slurm, Kubernetes or the stop-time tests themselves.
+
+Every outside path is in `roots:`; the older keys that also name one (`boot_id_path`, a check's own key
+such as `checks.kernel.kmsg_path`) are still accepted and folded into it at load.
+
 The key names here are a public contract (operators and tools write them); extend, never rename.
 """
 
@@ -10,23 +20,33 @@ import difflib
 import re
 import socket
 import typing
-from dataclasses import dataclass
-from typing import Annotated, Any, Iterable, Literal, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Collection, Iterable, Literal, Mapping
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from robustd import yamlpos
-from robustd.adapters.k8s.config import K8sConfig
-from robustd.adapters.slurm.config import SlurmConfig, known_levels
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
-from robustd.diagnostics.table import TESTS as STOP_TIME_TESTS
 from robustd.durations import Duration, PositiveDuration
+from robustd.identity import parse_identity
 from robustd.paths import AbsPath, NameOrPath
 from robustd.roots import (
     DEFAULT_BOOT_ID,
+    DEFAULT_DCGMI,
     DEFAULT_DEV,
+    DEFAULT_KMSG,
+    DEFAULT_NVML_LIBRARY,
     DEFAULT_PROC,
     DEFAULT_SOCKET,
     DEFAULT_STATE_DIR,
@@ -34,6 +54,16 @@ from robustd.roots import (
     Roots,
 )
 from robustd.startup import split_address
+
+# What a section's validators may know of the rest of the file (pydantic's validation context, a dict):
+LEVELS = "diagnostics_levels"  # frozenset of the level names diagnostics.levels defines
+TESTS = "stop_time_tests"  # frozenset of the stop-time test names a level may use; absent: not checked here
+
+
+def known(info: ValidationInfo, key: str) -> frozenset[str] | None:
+    """A name set the loader put in the validation context (LEVELS, TESTS), or None when it did not."""
+    value = (info.context or {}).get(key)
+    return value if isinstance(value, frozenset) else None
 
 
 class Strict(BaseModel):
@@ -96,12 +126,10 @@ class ListenConfig(Strict):
 class DisruptiveAuthz(Strict):
     @staticmethod
     def _identity(entry: str) -> str:
-        from robustd.authz import parse_identity  # a late import: robustd.authz imports this module
-
         parse_identity(entry)
         return entry
 
-    # Client certificate names, TCP: `dns:`, `uri:`, `email:`, `ip:`, or a plain name (robustd.authz.parse_identity).
+    # Client certificate names, TCP: `dns:`, `uri:`, `email:`, `ip:`, or a plain name (robustd.identity).
     identities: list[Annotated[str, AfterValidator(_identity)]] = Field(default_factory=list)
     unix_groups: list[str] = Field(default_factory=list)  # groups whose members may, on the Unix socket
 
@@ -161,7 +189,8 @@ def _default_levels() -> dict[str, list[str]]:
 
 
 class DiagnosticsConfig(Strict):
-    # One section per `section` named in robustd/diagnostics/table.py (each with its `timeout`).
+    # One section per `section` named in robustd/diagnostics/table.py (each with its `timeout`). The test
+    # names a level may use come from that table too, through the loader (Schema.stop_time_tests).
     eud: EudConfig = Field(default_factory=EudConfig)
     collectives: CollectivesConfig = Field(default_factory=CollectivesConfig)
     minigpt: MinigptConfig = Field(default_factory=MinigptConfig)
@@ -175,12 +204,14 @@ class DiagnosticsConfig(Strict):
 
     @field_validator("levels")
     @classmethod
-    def _known_tests(cls, levels: dict[str, list[str]]) -> dict[str, list[str]]:
-        for name, tests in levels.items():
-            bad = [t for t in tests if t not in STOP_TIME_TESTS]
-            if bad or not tests:
-                raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(STOP_TIME_TESTS)})"
-                                 if bad else f"level {name!r} is empty")
+    def _known_tests(cls, levels: dict[str, list[str]], info: ValidationInfo) -> dict[str, list[str]]:
+        tests = known(info, TESTS)
+        for name, names in levels.items():
+            if not names:
+                raise ValueError(f"level {name!r} is empty")
+            bad = [t for t in names if tests is not None and t not in tests]
+            if bad:
+                raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(sorted(tests or ()))})")
         return levels
 
 
@@ -209,15 +240,21 @@ class TracerConfig(Strict):
 
 
 class RootsConfig(Strict):
+    """Every outside path robustd reads, in one section (robustd.roots.Roots is built from it alone)."""
+
     proc: AbsPath = DEFAULT_PROC
     sys: AbsPath = DEFAULT_SYS
     dev: AbsPath = DEFAULT_DEV
+    kmsg: AbsPath = DEFAULT_KMSG  # the kernel log, streamed (also accepted as checks.kernel.kmsg_path)
+    boot_id: AbsPath = DEFAULT_BOOT_ID  # the kernel's boot id (also accepted as the top-level boot_id_path)
+    dcgmi: NameOrPath = DEFAULT_DCGMI  # DCGM's CLI: the word `dcgmi` in diagnostics.eud.command stands for it
+    nvml_library: NameOrPath = DEFAULT_NVML_LIBRARY  # libnvidia-ml for checks.gpu.backend: nvml
 
 
 class Config(Strict):
     node_name: str = Field(default_factory=socket.gethostname, min_length=1)
     state_dir: AbsPath = DEFAULT_STATE_DIR
-    boot_id_path: AbsPath = DEFAULT_BOOT_ID
+    boot_id_path: AbsPath = DEFAULT_BOOT_ID  # an older name for roots.boot_id, folded into it at load
     log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error)$")
     listen: ListenConfig = Field(default_factory=ListenConfig)
     authz: AuthzConfig = Field(default_factory=AuthzConfig)
@@ -228,42 +265,51 @@ class Config(Strict):
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracer: TracerConfig = Field(default_factory=TracerConfig)
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
-    # Read by robustd-slurm and `robustctl slurm` only; the daemon validates it and never acts on it.
-    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
-    # Read by robustd-k8s only; validated here like `slurm`, never acted on by the daemon.
-    k8s: K8sConfig = Field(default_factory=K8sConfig)
 
     @model_validator(mode="before")
     @classmethod
     def _empty_sections(cls, data: Any) -> Any:
         """`metrics:` with only comments under it means the defaults, not an error."""
         if isinstance(data, dict):
-            sections = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks",
-                        "slurm", "k8s")
-            return {k: ({} if v is None and k in sections else v) for k, v in data.items()}
+            return {k: ({} if v is None and k in _MAPPINGS else v) for k, v in data.items()}
         return data
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _slurm_levels(cls, data: Any, handler: Any) -> Any:
-        """slurm.resume_check/epilog_diagnostics name a level of this file's diagnostics.levels."""
-        with known_levels(data, _default_levels()):
-            return handler(data)
+
+_MAPPINGS = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What one process reads of robustd.yaml, so it validates that and only that.
+
+    The daemon's: every check's Config, every registered section, the stop-time tests' names, all core keys
+    (robustd.checkset.config_schema). An adapter's: its own section and the core keys it reads; the rest of
+    the file is the daemon's to validate.
+    """
+
+    checks: Mapping[str, type[CheckConfig]] | None = None  # None: `checks:` is not read here (nor validated)
+    sections: Mapping[str, type[BaseModel]] = field(default_factory=dict)  # top-level sections other processes own
+    stop_time_tests: Collection[str] | None = None  # names diagnostics.levels may use; None: not checked here
+    reads: Collection[str] | None = None  # the core keys read (and validated) here; None: every one
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The validated config: the top level plus each known check's own section."""
+    """The validated config: the core keys, each known check's own section, and each registered section."""
 
     config: Config
     checks: Mapping[str, CheckConfig]
     source: str
+    sections: Mapping[str, BaseModel] = field(default_factory=dict)
 
     def roots(self) -> Roots:
-        kmsg = getattr(self.checks.get("kernel"), "kmsg_path", None)
         r = self.config.roots
-        return Roots(proc=r.proc, sys=r.sys, dev=r.dev, boot_id=self.config.boot_id_path,
-                     **({"kmsg": kmsg} if kmsg else {}))
+        return Roots(proc=r.proc, sys=r.sys, dev=r.dev, kmsg=r.kmsg, boot_id=r.boot_id, dcgmi=r.dcgmi,
+                     nvml_library=r.nvml_library)
+
+    def section(self, name: str) -> Any:
+        """A registered section's validated model; KeyError when this process's schema does not have it."""
+        return self.sections[name]
 
 
 class ConfigError(Exception):
@@ -274,18 +320,16 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def load_config(path: str, check_types: Mapping[str, type[CheckConfig]],
-                overrides: Mapping[str, Any] | None = None) -> Settings:
+def load_config(path: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError([f"{path}: cannot read config: {e.strerror}"]) from e
-    return parse_config(text, path, check_types, overrides)
+    return parse_config(text, path, schema, overrides)
 
 
-def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckConfig]],
-                 overrides: Mapping[str, Any] | None = None) -> Settings:
+def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -298,30 +342,90 @@ def parse_config(text: str, source: str, check_types: Mapping[str, type[CheckCon
     for key, value in (overrides or {}).items():
         _set_path(data, key.split("."), value)
 
+    context = {LEVELS: _level_names(data)}
+    if schema.stop_time_tests is not None:
+        context[TESTS] = frozenset(schema.stop_time_tests)
     problems: list[str] = []
+    core = {k: v for k, v in data.items() if k not in schema.sections}
+    if schema.reads is not None:  # the rest of the file is another process's to validate
+        core = {k: v for k, v in core.items() if k in schema.reads}
+    elif "checks" in core and schema.checks is None:
+        core.pop("checks")
     config = None
     try:
-        config = Config.model_validate(data)
+        config = Config.model_validate(core, context=context)
     except ValidationError as e:
-        problems += _describe(e, (), root, source, Config)
+        problems += _describe(e, (), root, source, Config, extra_keys=schema.sections)
+
+    sections: dict[str, BaseModel] = {}
+    for name, model in schema.sections.items():
+        raw = data.get(name)
+        try:
+            sections[name] = model.model_validate(raw if raw is not None else {}, context=context)
+        except ValidationError as e:
+            problems += _describe(e, (name,), root, source, model)
 
     checks: dict[str, CheckConfig] = {}
     raw_checks = data.get("checks") or {}
-    if isinstance(raw_checks, dict):
+    check_types = schema.checks if schema.reads is None or "checks" in schema.reads else None
+    if check_types is not None and isinstance(raw_checks, dict):
         for name in raw_checks:
             if name not in check_types:
-                known = ", ".join(sorted(check_types)) or "none"
+                known_names = ", ".join(sorted(check_types)) or "none"
                 problems.append(f"{yamlpos.where(root, ('checks', name), source)}: checks.{name}: unknown check"
-                                f"{_did_you_mean(str(name), check_types)} (known: {known})")
+                                f"{_did_you_mean(str(name), check_types)} (known: {known_names})")
         for name, model in check_types.items():
             section = raw_checks.get(name)
             try:
                 checks[name] = model.model_validate(section if section is not None else {})
             except ValidationError as e:
                 problems += _describe(e, ("checks", name), root, source, model)
+    if config is not None:
+        config, folding = _fold_roots(config, checks, root, source)
+        problems += folding
     if problems or config is None:
         raise ConfigError(problems)
-    return Settings(config=config, checks=checks, source=source)
+    return Settings(config=config, checks=checks, source=source, sections=sections)
+
+
+def _level_names(data: Mapping[str, Any]) -> frozenset[str]:
+    """The diagnostics level names the file defines (read raw: a section naming a level is checked against
+    them even while diagnostics itself has a problem, which is then reported at its own key)."""
+    levels: Any = _default_levels()
+    diagnostics = data.get("diagnostics")
+    if isinstance(diagnostics, dict):
+        levels = diagnostics.get("levels", levels)
+    return frozenset(str(k) for k in levels) if isinstance(levels, dict) else frozenset()
+
+
+def _fold_roots(config: Config, checks: Mapping[str, CheckConfig], root: yaml.Node | None,
+                source: str) -> tuple[Config, list[str]]:
+    """`roots` with the older keys that name an outside path folded in, and the EUD command's `dcgmi` word
+    resolved against it. An older key and its roots key that are both written must agree."""
+    aliases: list[tuple[tuple[str, ...], str, str]] = []  # (where, its roots key, value)
+    if "boot_id_path" in config.model_fields_set:
+        aliases.append((("boot_id_path",), "boot_id", config.boot_id_path))
+    for name, cfg in checks.items():
+        for key, target in type(cfg).root_aliases.items():
+            if key in cfg.model_fields_set:
+                aliases.append((("checks", name, key), target, getattr(cfg, key)))
+    problems: list[str] = []
+    written = config.roots.model_fields_set
+    update: dict[str, str] = {}
+    for loc, target, value in aliases:
+        ours = update.get(target, getattr(config.roots, target) if target in written else None)
+        if ours is not None and ours != value:
+            problems.append(f"{yamlpos.where(root, loc, source)}: {'.'.join(loc)}: {value!r} differs from "
+                            f"roots.{target} ({ours!r}); write it once, as roots.{target}")
+            continue
+        update[target] = value
+    roots = config.roots.model_copy(update=update)
+    changes: dict[str, Any] = {"roots": roots, "boot_id_path": roots.boot_id}
+    command = config.diagnostics.eud.command
+    if command[0] == DEFAULT_DCGMI and roots.dcgmi != DEFAULT_DCGMI:
+        eud = config.diagnostics.eud.model_copy(update={"command": [roots.dcgmi, *command[1:]]})
+        changes["diagnostics"] = config.diagnostics.model_copy(update={"eud": eud})
+    return config.model_copy(update=changes), problems
 
 
 def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -331,16 +435,19 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | None, source: str,
-              model: type[BaseModel] | None = None) -> list[str]:
+              model: type[BaseModel] | None = None, extra_keys: Iterable[str] = ()) -> list[str]:
     """One line per problem: where (file:line), which key, what is wrong; an unknown key gets the
-    nearest valid key at its level (`did you mean `clear_after`?`), as a typo is the usual cause."""
+    nearest valid key at its level (`did you mean `clear_after`?`), as a typo is the usual cause
+    (`extra_keys`: more valid keys at the top level, the registered sections)."""
     out = []
     for item in err.errors():
         loc = prefix + tuple(item["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
         if item["type"] == "extra_forbidden":
-            known = _keys_at(model, tuple(item["loc"])[:-1]) if model is not None else []
-            msg = "unknown key" + _did_you_mean(str(item["loc"][-1]), known)
+            at = tuple(item["loc"])[:-1]
+            valid = _keys_at(model, at) if model is not None else []
+            valid += list(extra_keys) if not at else []
+            msg = "unknown key" + _did_you_mean(str(item["loc"][-1]), valid)
         elif item["type"] == "missing":
             msg = "required key is missing"
         else:

@@ -34,14 +34,13 @@ from robustd.authz import Authorizer
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import BUILTIN_CODES, discover_checks  # noqa: F401 - importable from here, as before
 from robustd.cli.args import examples
-from robustd.config import ConfigError, Settings, load_config
+from robustd.config import ConfigError, Schema, Settings, load_config, parse_config
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.engine import Engine
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
-from robustd.reload import ADAPTER_KEYS, RESTART_KEYS, changed_keys  # noqa: F401 - importable from here
 from robustd.roots import DEFAULT_CONFIG, read_boot_id
 from robustd.runner import Runner, on_grid
 from robustd.sdnotify import Notifier, fatal, setup_logging
@@ -63,9 +62,10 @@ _prepare_socket_path = prepare_socket_path  # the name it had here
 
 class Daemon:
     def __init__(self, settings: Settings, check_types: Mapping[str, type[Check]], config_path: str,
-                 overrides: Mapping[str, Any]):
+                 overrides: Mapping[str, Any], schema: Schema):
         self.settings = settings
         self.check_types = check_types
+        self.schema = schema  # what a reload validates: the same as the start
         self.config_path = config_path
         self.overrides = overrides
         self.notifier = Notifier()
@@ -113,9 +113,9 @@ class Daemon:
         cfg = self.settings.config
         self.state_lock = lock_state_dir(cfg.state_dir)  # a second daemon on this state fails here, at once
         try:
-            self.boot_id = read_boot_id(cfg.boot_id_path)
+            self.boot_id = read_boot_id(cfg.roots.boot_id)
         except (OSError, ValueError) as e:
-            raise StartError(f"boot_id_path: cannot read {cfg.boot_id_path}: {getattr(e, 'strerror', None) or e}"
+            raise StartError(f"roots.boot_id: cannot read {cfg.roots.boot_id}: {getattr(e, 'strerror', None) or e}"
                              ) from None
         self.store = Store(cfg.state_dir)  # never fails for the state disk: a read-only one means degraded
         migrate_reports(self.store)  # diagnostic reports of earlier versions, before anything else writes
@@ -309,7 +309,7 @@ class Daemon:
 
     async def _reload(self) -> None:
         try:
-            new = load_config(self.config_path, {n: c.Config for n, c in self.check_types.items()}, self.overrides)
+            new = load_config(self.config_path, self.schema, self.overrides)
         except ConfigError as e:
             log.error("reload rejected; the running config stays:\n%s", e)
             self.notifier.status(f"reload rejected: {e.problems[0]}")
@@ -391,16 +391,14 @@ def main(argv: list[str] | None = None) -> int:
                                    ("node_name", args.node_name)) if v}
     setup_logging("info")
     check_types = discover_checks()
-    types = {n: c.Config for n, c in check_types.items()}
+    schema = checkset.config_schema(check_types)
     path = args.config or DEFAULT_CONFIG
     try:
         if args.config is None and not os.path.exists(path):
             log.warning("%s not found: running on built-in defaults", path)
-            from robustd.config import parse_config
-
-            settings = parse_config("", "(defaults)", types, overrides)
+            settings = parse_config("", "(defaults)", schema, overrides)
         else:
-            settings = load_config(path, types, overrides)
+            settings = load_config(path, schema, overrides)
     except ConfigError as e:
         fatal(f"robustd: invalid config:\n{e}")
         return 1
@@ -408,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{settings.source}: config OK ({len(settings.checks)} checks)")
         return 0
     setup_logging(settings.config.log_level)
-    _exit(run_daemon(Daemon(settings, check_types, path, overrides)))
+    _exit(run_daemon(Daemon(settings, check_types, path, overrides, schema)))
     return 1  # not reached
 
 

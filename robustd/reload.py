@@ -1,7 +1,9 @@
 """What a reload (SIGHUP) applies: every section but the ones read once at start.
 
 The daemon re-reads the file, keeps the running values of RESTART_KEYS (logging each change, which takes
-effect at the next restart), and rebuilds the checks, code table, policy and authz from the rest.
+effect at the next restart), and rebuilds the checks, code table, policy and authz from the rest. The
+registered sections (robustd/sections.py: `slurm:`, `k8s:`) are validated and their changes logged, but the
+daemon applies nothing in them: their own processes read them.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from robustd.config import Settings
 
 log = logging.getLogger("robustd")
 
-# Keys read once at start; a reload reports their changes instead of applying them.
-RESTART_KEYS = ("node_name", "state_dir", "boot_id_path", "listen", "metrics")
-ADAPTER_KEYS = ("slurm",)  # read by the adapters from the same file; the daemon itself uses nothing in them
+# Keys read once at start; a reload reports their changes instead of applying them. So is the boot id's
+# path (roots.boot_id, or the older boot_id_path folded into it): the daemon read the boot id at start.
+RESTART_KEYS = ("node_name", "state_dir", "listen", "metrics")
 
 
 def changed_keys(old: Any, new: Any, keys: tuple[str, ...]) -> list[str]:
@@ -66,6 +68,7 @@ def diff(old: Settings, new: Settings) -> tuple[list[str], list[str], list[str]]
     def dump(s: Settings) -> dict[str, Any]:
         out = s.config.model_dump(mode="json")
         out["checks"] = {name: c.model_dump(mode="json") for name, c in s.checks.items()}
+        out.update({name: section.model_dump(mode="json") for name, section in s.sections.items()})
         return out
 
     walk("", dump(old), dump(new))
@@ -96,10 +99,14 @@ def merge(running: Settings, new: Settings) -> tuple[Settings, list[str]]:
     old = running.config
     for key in changed_keys(old, new.config, RESTART_KEYS):
         log.warning("%s changed: that takes effect at the next restart", key)
-    applied = [k for k in type(old).model_fields
-               if k not in (*RESTART_KEYS, *ADAPTER_KEYS) and getattr(old, k) != getattr(new.config, k)]
+    if old.roots.boot_id != new.config.roots.boot_id:
+        log.warning("roots.boot_id changed: that takes effect at the next restart")
+    kept = {k: getattr(old, k) for k in RESTART_KEYS}
+    kept["roots"] = new.config.roots.model_copy(update={"boot_id": old.roots.boot_id})
+    kept["boot_id_path"] = old.boot_id_path
+    config = new.config.model_copy(update=kept)
+    applied = [k for k in type(old).model_fields if getattr(old, k) != getattr(config, k)]
     if dict(running.checks) != dict(new.checks):
         applied.append("checks")
-    merged = Settings(config=new.config.model_copy(update={k: getattr(old, k) for k in RESTART_KEYS}),
-                      checks=new.checks, source=new.source)
+    merged = Settings(config=config, checks=new.checks, source=new.source, sections=new.sections)
     return merged, applied

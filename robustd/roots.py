@@ -1,7 +1,9 @@
 """Every outside path robustd reads, in one place, so tests can point each at a fixture.
 
 Nothing else in the daemon or the checks spells a literal /proc, /sys or /dev path; a test
-enforces that. Production uses the defaults; `make run` and the tests override them.
+enforces that. `Roots` is built from the config's `roots:` section alone (robustd/config.py folds
+the older keys that named some of these paths into it). Production uses the defaults; `make run`
+and the tests override them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ DEFAULT_SYS = "/sys"
 DEFAULT_DEV = "/dev"
 DEFAULT_KMSG = "/dev/kmsg"
 DEFAULT_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+DEFAULT_DCGMI = "dcgmi"  # DCGM's command-line tool, looked up on $PATH
+DEFAULT_NVML_LIBRARY = "libnvidia-ml.so.1"  # the driver's NVML, found by the dynamic loader
 PROC_LOCKS = "/proc/locks"  # the kernel's file locks (who holds a state directory); always the real host's
 DEFAULT_CONFIG = "/etc/robustd/robustd.yaml"
 DEFAULT_SOCKET = "/run/robustd/robustd.sock"
@@ -27,6 +31,8 @@ class Roots:
     dev: str = DEFAULT_DEV
     kmsg: str = DEFAULT_KMSG
     boot_id: str = DEFAULT_BOOT_ID
+    dcgmi: str = DEFAULT_DCGMI
+    nvml_library: str = DEFAULT_NVML_LIBRARY
 
     def proc_path(self, *parts: str) -> str:
         return os.path.join(self.proc, *parts)

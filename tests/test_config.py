@@ -86,7 +86,7 @@ def test_relative_paths_are_resolved_against_the_working_directory_at_load(tmp_p
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """`state_dir: ./var` (the dev configs) must mean <cwd>/var everywhere it is used later, e.g. in a
     file:// rendezvous URL, where `./var/...` would parse as /var/...; bare program names stay for $PATH."""
-    from checks import BUILTIN
+    from robustd.checkset import config_schema, discover_checks
     from robustd.config import parse_config
 
     monkeypatch.chdir(tmp_path)
@@ -94,7 +94,7 @@ def test_relative_paths_are_resolved_against_the_working_directory_at_load(tmp_p
             "diagnostics:\n  python: python3\ntracer:\n  py_spy: ./bin/py-spy\n"
             "checks:\n  gpu:\n    backend: emulator\n    emulator_state: var/nvml.state\n"
             "  kernel:\n    kmsg_path: ./kmsg\n  nic:\n    netns: blue\n")
-    s = parse_config(text, "t.yaml", {c.name: c.Config for c in BUILTIN})
+    s = parse_config(text, "t.yaml", config_schema(discover_checks()))
     c = s.config
     assert c.state_dir == str(tmp_path / "var")
     assert c.boot_id_path == str(tmp_path / "boot_id")

@@ -15,7 +15,7 @@ from conftest import REPO
 from fakes.kube_apiserver import KubeAPIServer
 from kubernetes import client
 
-from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import Reconciler
@@ -112,14 +112,15 @@ def write(tmp: Path, text: str) -> str:
 
 
 def test_k8s_config_defaults_and_errors_name_key_and_line(tmp_path: Path) -> None:
-    s = load_config(write(tmp_path, "k8s:\n"), {})
-    assert s.config.k8s == load_config(str(REPO / "etc" / "robustd-k8s.example.yaml"), {}).config.k8s  # documented
-    k = s.config.k8s
+    s = load_config(write(tmp_path, "k8s:\n"), SCHEMA)
+    assert s.section("k8s") == load_config(str(REPO / "etc" / "robustd-k8s.example.yaml"),
+                                          SCHEMA).section("k8s")  # documented
+    k = s.section("k8s")
     assert (k.condition_prefix, k.condition_severity, k.heartbeat, k.events_namespace) == ("Robustd", "WARNING",
                                                                                            300.0, "default")
     assert k.quarantine.actions == [] and k.quarantine.release_after == 300.0 and k.quarantine.max_fraction == 0.1
-    s = load_config(write(tmp_path, "k8s:\n  quarantine:\n    actions: [reboot, HW_INSPECT]\n"), {})
-    assert s.config.k8s.quarantine.actions == ["REBOOT", "HW_INSPECT"]
+    s = load_config(write(tmp_path, "k8s:\n  quarantine:\n    actions: [reboot, HW_INSPECT]\n"), SCHEMA)
+    assert s.section("k8s").quarantine.actions == ["REBOOT", "HW_INSPECT"]
     bad = {"k8s:\n  heartbeat: 1s\n": ("k8s.heartbeat", ":2:", "at least 10s"),
            "node_name: x\nk8s:\n  quarantine:\n    actions: [REBOOOT]\n": ("k8s.quarantine.actions", ":4:",
                                                                           "unknown action"),
@@ -128,6 +129,6 @@ def test_k8s_config_defaults_and_errors_name_key_and_line(tmp_path: Path) -> Non
            "k8s:\n  taint: x\n": ("k8s.taint", ":2:", "")}
     for text, (key, line, why) in bad.items():
         with pytest.raises(ConfigError) as e:
-            load_config(write(tmp_path, text), {})
+            load_config(write(tmp_path, text), SCHEMA)
         msg = str(e.value)
         assert key in msg and line in msg and why in msg, msg

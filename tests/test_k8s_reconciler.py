@@ -15,7 +15,7 @@ import pytest
 from fakes.kube_apiserver import SMP, KubeAPIServer
 
 from robustd.adapters.k8s.agent import Agent
-from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import TAINT_KEY, Reconciler
@@ -189,7 +189,7 @@ def test_unknown_after_three_heartbeats_without_robustd(server: KubeAPIServer, t
                    f"k8s: {{node_name: {NODE}, heartbeat: 1m}}\n")
     clock = Clock()
     kube = Kube(api_client(str(server.kubeconfig(tmp_path / "kc"))), 2.0)
-    agent = Agent(load_settings(str(cfg)), kube, clock=clock)
+    agent = Agent(load_settings(str(cfg), SCHEMA), kube, clock=clock)
     agent._turn()
     clock.t += 179
     agent._turn()

@@ -24,7 +24,7 @@ from test_diagnostics import run as run_diagnostic
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.check import Check, CheckConfig
 from robustd.codes import CodeRule, CodeTable
-from robustd.config import ConfigError, parse_config
+from robustd.config import ConfigError, Schema, parse_config
 from robustd.engine import Engine
 from robustd.metrics import DaemonProbe, StateCollector, is_loopback, serve
 from robustd.model import Finding, Report
@@ -216,7 +216,7 @@ def test_idle_connections_cannot_exhaust_the_endpoint(tmp_path: Path) -> None:
 ])
 def test_bad_metrics_config_names_key_and_line(yaml_text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse_config(yaml_text, "t.yaml", {}, {})
+        parse_config(yaml_text, "t.yaml", Schema(), {})
     assert message in str(err.value)
 
 

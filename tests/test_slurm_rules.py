@@ -621,9 +621,10 @@ class _RpcError(grpc.RpcError):
 
 
 def agent(tmp_path: Path) -> Agent:
+    from robustd.adapters.slurm.config import SCHEMA
     from robustd.config import parse_config
 
-    settings = parse_config(f"state_dir: {tmp_path}\nlisten: {{unix: {tmp_path}/none.sock}}\n", "test", {})
+    settings = parse_config(f"state_dir: {tmp_path}\nlisten: {{unix: {tmp_path}/none.sock}}\n", "test", SCHEMA)
     return Agent(settings, slurm=FakeSlurm(IDLE))  # type: ignore[arg-type]
 
 

@@ -25,6 +25,7 @@ from robustd.adapters.slurm.model import Table
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli.args import examples as cli_examples
+from robustd.config import ConfigError, Schema, Settings, load_config
 from robustd.roots import DEFAULT_CONFIG
 
 RPC_TIMEOUT = 5.0  # GetVerdict on the local socket
@@ -75,12 +76,10 @@ class WatchStream(threading.Thread):
                 self.call.cancel()
 
 
-def load_settings(path: str) -> Any:
-    """The whole robustd.yaml, validated as the daemon validates it (ConfigError names key and line)."""
-    from robustd.checkset import discover_checks
-    from robustd.config import load_config
-
-    return load_config(path, {n: c.Config for n, c in discover_checks().items()})
+def load_settings(path: str, schema: Schema) -> Settings:
+    """What an adapter reads of robustd.yaml (its section and the core keys in `schema`), validated as the
+    daemon validates them (ConfigError names key and line); the checks and the rest are the daemon's."""
+    return load_config(path, schema)
 
 
 def agent_parser(prog: str, description: str, *examples: str) -> argparse.ArgumentParser:
@@ -94,14 +93,13 @@ def agent_parser(prog: str, description: str, *examples: str) -> argparse.Argume
     return p
 
 
-def start(prog: str, config_path: str) -> Any | None:
+def start(prog: str, config_path: str, schema: Schema) -> Settings | None:
     """Logging under `prog`'s name and the validated settings; None (reason told, err in the journal) if bad."""
-    from robustd.config import ConfigError
     from robustd.sdnotify import fatal, setup_logging
 
     setup_logging("info", identifier=prog)
     try:
-        return load_settings(config_path)
+        return load_settings(config_path, schema)
     except ConfigError as e:
         fatal(f"{prog}: invalid config:\n{e}")
         return None

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from robustd import __version__
 from robustd.adapters.k8s import families
-from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
@@ -46,13 +46,13 @@ def node_name(cfg: K8sConfig) -> str:
 
 
 def state_path(settings: Any) -> str:
-    return settings.config.k8s.state_file or os.path.join(settings.config.state_dir, "k8s.json")
+    return settings.section("k8s").state_file or os.path.join(settings.config.state_dir, "k8s.json")
 
 
 class Agent(WatchAgent):
     def __init__(self, settings: Any, kube: Kube, clock: Callable[[], float] = time.time):
         c = settings.config
-        self.cfg: K8sConfig = c.k8s
+        self.cfg: K8sConfig = settings.section("k8s")
         self.socket: str = c.listen.unix
         self.node = node_name(self.cfg)
         self.store = K8sStateFile(state_path(settings))
@@ -167,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                      "systemctl enable --now robustd-k8s")
     p.add_argument("--kubeconfig", default=None, help="a kubeconfig file (default: k8s.kubeconfig, else in-cluster)")
     args = p.parse_args(argv)
-    settings = start("robustd-k8s", args.config)
+    settings = start("robustd-k8s", args.config, SCHEMA)
     if settings is None:
         return 1
-    cfg: K8sConfig = settings.config.k8s
+    cfg: K8sConfig = settings.section("k8s")
     if args.check_config:
         print(f"{settings.source}: config OK (Node {node_name(cfg)}, state {state_path(settings)})")
         return 0

@@ -1,8 +1,9 @@
 """The `k8s:` section of robustd.yaml, read by `robustd-k8s`.
 
-The daemon validates this section with the rest of the file (`robustd --check-config` names the key
-and the line of a bad value) but never acts on it: adapters act, the core never does. This module is
-imported by robustd.config, so it imports nothing heavier than pydantic (not the kubernetes client).
+The section is registered under the `robustd.sections` entry-point group, so the daemon validates it
+with the rest of the file (`robustd --check-config` names the key and the line of a bad value) but never
+acts on it: adapters act, the core never does. The daemon loads this module by that name only, so it
+imports nothing heavier than pydantic (not the kubernetes client).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from robustd.adapters.slurm.config import ActionName
+from robustd.config import Schema
 from robustd.durations import PositiveDuration
 from robustd.paths import AbsPath
 
@@ -68,3 +70,7 @@ class K8sConfig(BaseModel):
         if value < 10:
             raise ValueError("must be at least 10s: every heartbeat is a write to the API server from every node")
         return value
+
+
+READS = ("state_dir", "log_level", "listen")  # the core keys robustd-k8s reads besides `k8s:`
+SCHEMA = Schema(sections={"k8s": K8sConfig}, reads=READS)

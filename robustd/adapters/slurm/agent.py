@@ -31,7 +31,7 @@ from typing import Any
 from robustd import __version__
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.actor import Actor
-from robustd.adapters.slurm.config import SlurmConfig
+from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
 from robustd.adapters.slurm.model import SelfCheck, Table
 from robustd.adapters.slurm.rules import Do, Health, assess
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
@@ -50,13 +50,13 @@ def node_name(cfg: SlurmConfig) -> str:
 
 
 def state_path(settings: Any) -> str:
-    return settings.config.slurm.state_file or os.path.join(settings.config.state_dir, "slurm.json")
+    return settings.section("slurm").state_file or os.path.join(settings.config.state_dir, "slurm.json")
 
 
 class Agent(WatchAgent):
     def __init__(self, settings: Any, slurm: Slurm | None = None):
         c = settings.config
-        self.cfg: SlurmConfig = c.slurm
+        self.cfg: SlurmConfig = settings.section("slurm")
         self.socket: str = c.listen.unix
         self.node = node_name(self.cfg)
         self.store = StateFile(state_path(settings))
@@ -263,11 +263,11 @@ def main(argv: list[str] | None = None) -> int:
                         "section of the config).", "robustd-slurm --check-config --config /etc/robustd/robustd.yaml",
                         "systemctl enable --now robustd-slurm",
                         "robustctl slurm status   # what it drained and why").parse_args(argv)
-    settings = start("robustd-slurm", args.config)
+    settings = start("robustd-slurm", args.config, SCHEMA)
     if settings is None:
         return 1
     if args.check_config:
-        print(f"{settings.source}: config OK (Slurm node {node_name(settings.config.slurm)}, "
+        print(f"{settings.source}: config OK (Slurm node {node_name(settings.section('slurm'))}, "
               f"state {state_path(settings)})")
         return 0
     setup_logging(settings.config.log_level, identifier="robustd-slurm")  # journald: our own SYSLOG_IDENTIFIER

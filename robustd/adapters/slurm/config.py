@@ -1,23 +1,23 @@
 """The `slurm:` section of robustd.yaml, read by `robustd-slurm` and `robustctl slurm ...`.
 
-The daemon validates this section with the rest of the file (`robustd --check-config` names the
-key and the line of a bad value) but never acts on it: adapters act, the core never does.
-This module is imported by robustd.config, so it imports nothing heavier than pydantic.
+The section is registered under the `robustd.sections` entry-point group, so the daemon validates it
+with the rest of the file (`robustd --check-config` names the key and the line of a bad value) but
+never acts on it: adapters act, the core never does. The daemon loads this module by that name only,
+so it imports nothing heavier than pydantic and robustd's config models.
 
 Two keys name a diagnostics level (`resume_check`, `epilog_diagnostics`); whether that level
-exists depends on `diagnostics.levels` in the same file. robustd.config validates the whole file
-inside `known_levels(...)`, which makes those names visible here, so a typo is reported at its own
-key and line rather than at the first self-check after a reboot.
+exists depends on `diagnostics.levels` in the same file. The loader puts the level names the file
+defines into the validation context (robustd.config.LEVELS), so a typo is reported at its own key
+and line rather than at the first self-check after a reboot.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from robustd.config import LEVELS, Schema, known
 from robustd.durations import Duration, PositiveDuration
 from robustd.model import Action
 from robustd.paths import AbsPath, NameOrPath
@@ -32,23 +32,6 @@ def plain_char(ch: str) -> bool:
     return " " <= ch <= "~" and ch not in "\"'\\"
 
 
-_levels: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("robustd_diag_levels", default=None)
-
-
-@contextlib.contextmanager
-def known_levels(data: Any, default: dict[str, Any]) -> Iterator[None]:
-    """While the whole config is validated: the diagnostics level names it defines (raw, before validation)."""
-    levels: Any = default
-    if isinstance(data, dict) and isinstance(data.get("diagnostics"), dict):
-        levels = data["diagnostics"].get("levels", default)
-    names = frozenset(str(k) for k in levels) if isinstance(levels, dict) else frozenset()
-    token = _levels.set(names)
-    try:
-        yield
-    finally:
-        _levels.reset(token)
-
-
 def _action(name: Any) -> str:
     if not isinstance(name, str):
         raise ValueError(f"expected an action name, got {type(name).__name__}")
@@ -61,12 +44,13 @@ def _action(name: Any) -> str:
 ActionName = Annotated[str, AfterValidator(_action)]
 
 
-def _level(name: str | None) -> str | None:
+def _level(name: str | None, info: ValidationInfo) -> str | None:
     if name is None or name == "":
         return None
-    known = _levels.get()
-    if known is not None and name not in known:
-        raise ValueError(f"{name!r} is not a level in diagnostics.levels (known: {', '.join(sorted(known)) or 'none'})")
+    levels = known(info, LEVELS)
+    if levels is not None and name not in levels:
+        names = ", ".join(sorted(levels)) or "none"
+        raise ValueError(f"{name!r} is not a level in diagnostics.levels (known: {names})")
     return name
 
 
@@ -158,3 +142,10 @@ class SlurmConfig(BaseModel):
             raise ValueError(f"{', '.join(missing)} not in drain_actions: such a verdict never drains, so it "
                              "would never reboot")
         return value
+
+
+# The core keys robustd-slurm and the hooks read besides `slurm:` (the socket, the state directory, the log
+# level, the roots of /proc and /dev, a diagnostic run's timeout, the tracer's limits for a hung job's
+# stacks); the rest, `checks:` among it, is the daemon's.
+READS = ("state_dir", "log_level", "listen", "roots", "diagnostics", "tracer")
+SCHEMA = Schema(sections={"slurm": SlurmConfig}, reads=READS)

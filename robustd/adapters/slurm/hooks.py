@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from robustd.adapters.slurm import client
 from robustd.adapters.slurm.actor import Actor, Result
 from robustd.adapters.slurm.agent import node_name, state_path
-from robustd.adapters.slurm.config import SlurmConfig
+from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
 from robustd.adapters.slurm.hung_job import JOB_ID, capture_hang
 from robustd.adapters.slurm.model import AgentState, NodeView
 from robustd.adapters.slurm.rules import Health, assess, fault_text, recent_resumes, respected
@@ -66,8 +66,8 @@ class Hook:
 
     def __init__(self, verb: str, config_path: str, socket: str | None, rpc_timeout: float):
         self.verb = verb
-        self.settings = load_settings(config_path)  # ConfigError: the caller fails open
-        self.cfg: SlurmConfig = self.settings.config.slurm
+        self.settings = load_settings(config_path, SCHEMA)  # ConfigError: the caller fails open
+        self.cfg: SlurmConfig = self.settings.section("slurm")
         self.socket = socket or self.settings.config.listen.unix
         self.node = node_name(self.cfg)
         self.budget = self.cfg.epilog_timeout + 30 if verb == "epilog" else self.cfg.hook_timeout
