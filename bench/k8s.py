@@ -29,13 +29,14 @@ import psutil  # noqa: E402
 from _harness import REPO, BenchDaemon, kmsg_write, percentile  # noqa: E402
 from fakes.kube_apiserver import KubeAPIServer  # noqa: E402
 
+from robustd.adapters.common.model import Cond, Table  # noqa: E402
 from robustd.adapters.k8s.config import K8sConfig  # noqa: E402
 from robustd.adapters.k8s.kube import Kube, api_client  # noqa: E402
 from robustd.adapters.k8s.reconciler import Reconciler  # noqa: E402
 from robustd.adapters.k8s.state import K8sState, K8sStateFile  # noqa: E402
-from robustd.adapters.slurm.model import Cond, Table  # noqa: E402
 from robustd.api.v1 import robustd_pb2 as pb  # noqa: E402
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc  # noqa: E402
+from robustd.model import Action, Severity  # noqa: E402
 
 NODE = "bench-gpu-1"
 
@@ -52,7 +53,7 @@ def writes_per_hour(server: KubeAPIServer, tmp: Path) -> int:
     kube = Kube(api_client(str(server.kubeconfig(tmp / "quiet.kubeconfig"))), 5.0)
     r = Reconciler(K8sConfig(), kube, "quiet-node", K8sStateFile(str(tmp / "quiet.json")), K8sState(),
                    clock=lambda: t[0], rng=random.Random())
-    link = Cond("nic/eth0", "NIC_LINK_DOWN", "WARNING", "NONE", 1)
+    link = Cond("nic/eth0", "NIC_LINK_DOWN", Severity.WARNING, Action.NONE, 1)
     table = Table(seq=1, conditions={link.key: link})
     r.step(table)  # the write at start
     before = len(server.requests("PATCH", "/nodes/quiet-node/status"))

@@ -52,7 +52,13 @@ class Capture:
 
 
 class NotTraceable(LookupError):
-    """A selector named a pid or rank that is not one of this node's training processes."""
+    """A selector named a pid or rank that is not one of this node's training processes (which ones: `pids`,
+    `ranks`, so the API can say so in a structured status, not only in its text)."""
+
+    def __init__(self, message: str, pids: Sequence[int] = (), ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.pids = tuple(pids)
+        self.ranks = tuple(ranks)
 
 
 class NoPySpy(RuntimeError):
@@ -162,11 +168,12 @@ def narrow(targets: Sequence[Target], pids: Sequence[int], ranks: Sequence[int])
     missing = [p for p in pids if p not in by_pid]
     if missing:
         raise NotTraceable(f"pid {', '.join(map(str, missing))}: not a training process on this node "
-                           "(traced: GPU compute processes and tracer.process_patterns matches)")
+                           "(traced: GPU compute processes and tracer.process_patterns matches)", pids=missing)
     have_ranks = {t.rank for t in targets}
     missing = [r for r in ranks if r not in have_ranks]
     if missing:
-        raise NotTraceable(f"rank {', '.join(map(str, missing))}: no training process on this node has that RANK")
+        raise NotTraceable(f"rank {', '.join(map(str, missing))}: no training process on this node has that RANK",
+                           ranks=missing)
     return [t for t in targets if t.pid in set(pids) or (t.rank is not None and t.rank in set(ranks))]
 
 

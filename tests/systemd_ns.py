@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Sequence
 
-from robustd.adapters.slurm.statefile import LockTimeout, exclusive_lock
+from robustd.adapters.common.statefile import LockTimeout, exclusive_lock
 
 SUITE = "bookworm"
 # systemd as init; libcap2-bin for capsh, to name the capabilities a process holds. The caller adds what

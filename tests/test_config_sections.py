@@ -56,8 +56,9 @@ def test_an_adapter_validates_its_section_and_the_keys_it_reads_not_the_checks(t
 
 def test_an_adapter_loads_its_config_without_importing_any_check(tmp_path: Path) -> None:
     cfg = write(tmp_path, f"state_dir: {tmp_path}\nslurm:\n  resume_check: quick\nk8s:\n  heartbeat: 1m\n")
-    code = ("import sys\nfrom robustd.adapters.watch import load_settings\n"
-            "from robustd.adapters.slurm.config import SCHEMA as S\nfrom robustd.adapters.k8s.config import SCHEMA as K\n"
+    code = ("import sys\nfrom robustd.adapters.common.watch import load_settings\n"
+            "from robustd.adapters.slurm.config import SCHEMA as S\n"
+            "from robustd.adapters.k8s.config import SCHEMA as K\n"
             f"s = load_settings({str(cfg)!r}, S)\nk = load_settings({str(cfg)!r}, K)\n"
             "print(s.section('slurm').resume_check, k.section('k8s').heartbeat)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('checks', 'pynvml', 'pyroute2', 'kubernetes')"

@@ -15,19 +15,20 @@ from conftest import REPO
 from fakes.kube_apiserver import KubeAPIServer
 from kubernetes import client
 
+from robustd.adapters.common.model import RAISED, Cond, Table
 from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
-from robustd.adapters.slurm.model import RAISED, Cond, Table
 from robustd.config import ConfigError, load_config
+from robustd.model import Action, Severity
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 MODELS = {"DaemonSet": client.V1DaemonSet, "ServiceAccount": client.V1ServiceAccount,
           "ClusterRole": client.V1ClusterRole, "ClusterRoleBinding": client.V1ClusterRoleBinding,
           "Namespace": client.V1Namespace}
-XID = Cond("gpu/0000:1b:00.0", "XID_79", "CRITICAL", "REBOOT", 5)
+XID = Cond("gpu/0000:1b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 5)
 
 
 def manifests() -> dict[str, Any]:
@@ -116,11 +117,11 @@ def test_k8s_config_defaults_and_errors_name_key_and_line(tmp_path: Path) -> Non
     assert s.section("k8s") == load_config(str(REPO / "etc" / "robustd-k8s.example.yaml"),
                                           SCHEMA).section("k8s")  # documented
     k = s.section("k8s")
-    assert (k.condition_prefix, k.condition_severity, k.heartbeat, k.events_namespace) == ("Robustd", "WARNING",
+    assert (k.condition_prefix, k.condition_severity, k.heartbeat, k.events_namespace) == ("Robustd", Severity.WARNING,
                                                                                            300.0, "default")
     assert k.quarantine.actions == [] and k.quarantine.release_after == 300.0 and k.quarantine.max_fraction == 0.1
     s = load_config(write(tmp_path, "k8s:\n  quarantine:\n    actions: [reboot, HW_INSPECT]\n"), SCHEMA)
-    assert s.section("k8s").quarantine.actions == ["REBOOT", "HW_INSPECT"]
+    assert s.section("k8s").quarantine.actions == [Action.REBOOT, Action.HW_INSPECT]
     bad = {"k8s:\n  heartbeat: 1s\n": ("k8s.heartbeat", ":2:", "at least 10s"),
            "node_name: x\nk8s:\n  quarantine:\n    actions: [REBOOOT]\n": ("k8s.quarantine.actions", ":4:",
                                                                           "unknown action"),

@@ -14,18 +14,19 @@ from typing import Any, Iterator
 import pytest
 from fakes.kube_apiserver import SMP, KubeAPIServer
 
+from robustd.adapters.common.model import CLEARED, RAISED, Cond, Table
+from robustd.adapters.common.watch import load_settings
 from robustd.adapters.k8s.agent import Agent
 from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import TAINT_KEY, Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
-from robustd.adapters.slurm.model import CLEARED, RAISED, Cond, Table
-from robustd.adapters.watch import load_settings
+from robustd.model import Action, Severity
 
 NODE = "gpu-1"
-XID = Cond("gpu/0000:1b:00.0", "XID_79", "CRITICAL", "REBOOT", 5)
-LINK = Cond("nic/eth0", "NIC_LINK_DOWN", "WARNING", "NONE", 6)
+XID = Cond("gpu/0000:1b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 5)
+LINK = Cond("nic/eth0", "NIC_LINK_DOWN", Severity.WARNING, Action.NONE, 6)
 
 
 class Clock:
@@ -228,7 +229,7 @@ def test_families_reasons_and_messages() -> None:
         ("gpu/0000:1b:00.0", "DIAG_EUD_FAILED"), ("check/gpu", "CHECK_HUNG")]] == [
         "GPUProblem", "GPUProblem", "NetworkProblem", "NetworkProblem", "PCIeProblem", "MemoryProblem",
         "DiskProblem", "ThermalProblem", "KernelProblem", "DiagnosticsFailed", "AgentProblem"]
-    ecc = Cond("gpu/0000:2a:00.0", "GPU_ECC_DBE", "CRITICAL", "RESET_GPU", 8)
+    ecc = Cond("gpu/0000:2a:00.0", "GPU_ECC_DBE", Severity.CRITICAL, Action.RESET_GPU, 8)
     got = {c.type: c for c in desired([XID, ecc, LINK], K8sConfig())}
     assert list(got) == [f"Robustd{f}" for f in ("GPUProblem", "NetworkProblem", "PCIeProblem", "MemoryProblem",
                                                  "DiskProblem", "ThermalProblem", "KernelProblem",
@@ -240,7 +241,7 @@ def test_families_reasons_and_messages() -> None:
     assert got["RobustdNetworkProblem"].status == "True"
     strict = {c.type: c for c in desired([LINK], K8sConfig(condition_severity="CRITICAL", condition_prefix="Acme"))}
     assert strict["AcmeNetworkProblem"].status == "False"  # a WARNING does not reach a CRITICAL threshold
-    many = [Cond(f"gpu/{i}", "XID_79", "CRITICAL", "REBOOT", i) for i in range(1000)]
+    many = [Cond(f"gpu/{i}", "XID_79", Severity.CRITICAL, Action.REBOOT, i) for i in range(1000)]
     assert len(desired(many, K8sConfig())[0].message) <= 1024  # bounded, whatever robustd holds
 
 

@@ -16,22 +16,13 @@ from typing import Any, Sequence
 import grpc
 import pytest
 
+from robustd.adapters.common.model import CLEARED, RAISED, UPDATED, Cond, Table
+from robustd.adapters.common.statefile import LockTimeout
 from robustd.adapters.slurm.actor import Actor
 from robustd.adapters.slurm.agent import Agent
 from robustd.adapters.slurm.config import SlurmConfig
 from robustd.adapters.slurm.hooks import job_failed
-from robustd.adapters.slurm.model import (
-    CLEARED,
-    FLAP_WINDOW,
-    RAISED,
-    UPDATED,
-    AgentState,
-    Cond,
-    DrainRecord,
-    NodeView,
-    SelfCheck,
-    Table,
-)
+from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, AgentStateFile, DrainRecord, NodeView, SelfCheck
 from robustd.adapters.slurm.rules import (
     REASON_MAX,
     Do,
@@ -52,12 +43,12 @@ from robustd.adapters.slurm.slurmcli import (
     parse_rows,
     parse_state,
 )
-from robustd.adapters.slurm.statefile import LockTimeout, StateFile
+from robustd.model import Action, Severity
 
 NOW = 1_800_000_000.0
 CFG = SlurmConfig()
-XID = Cond("gpu/0000:3b:00.0", "XID_79", "CRITICAL", "REBOOT", 12)
-DBE = Cond("gpu/0000:1b:00.0", "GPU_ECC_DBE", "CRITICAL", "RESET_GPU", 20)
+XID = Cond("gpu/0000:3b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 12)
+DBE = Cond("gpu/0000:1b:00.0", "GPU_ECC_DBE", Severity.CRITICAL, Action.RESET_GPU, 20)
 IDLE = NodeView("n1", "IDLE", frozenset(), "", ("gpu",))
 
 
@@ -84,9 +75,9 @@ def ours(st: AgentState | None = None, mode: str = "drain", boot: str = "b1", at
 
 
 def test_only_critical_conditions_with_a_drain_action_count_worst_first() -> None:
-    conds = [Cond("nic/eth0", "NIC_DOWN", "WARNING", "HW_INSPECT", 3),
-             Cond("gpu/0000:5b:00.0", "XID_13", "CRITICAL", "RESTART_JOB", 4),
-             Cond("check/kernel", "CHECK_ERROR", "WARNING", "NONE", 5), DBE, XID]
+    conds = [Cond("nic/eth0", "NIC_DOWN", Severity.WARNING, Action.HW_INSPECT, 3),
+             Cond("gpu/0000:5b:00.0", "XID_13", Severity.CRITICAL, Action.RESTART_JOB, 4),
+             Cond("check/kernel", "CHECK_ERROR", Severity.WARNING, Action.NONE, 5), DBE, XID]
     h = assess(conds, CFG, 30, "b1")
     assert h.bad and [c.code for c in h.faults] == ["XID_79", "GPU_ECC_DBE"]  # REBOOT before RESET_GPU
     assert h.newest_fault_seq == 20
@@ -95,7 +86,7 @@ def test_only_critical_conditions_with_a_drain_action_count_worst_first() -> Non
 
 
 def test_actions_are_accepted_with_or_without_their_prefix() -> None:
-    assert cfg(drain_actions=["action_reboot", "HW_INSPECT"]).drain_actions == ["REBOOT", "HW_INSPECT"]
+    assert cfg(drain_actions=["action_reboot", "HW_INSPECT"]).drain_actions == [Action.REBOOT, Action.HW_INSPECT]
 
 
 # --- draining --------------------------------------------------------------------------------------
@@ -226,14 +217,15 @@ def test_an_operators_resume_is_respected_until_a_new_fault_event() -> None:
     assert "respected until a new fault event" in plan.note
     plan, st = decide(CFG, health(XID), IDLE, st, NOW + 60)  # the same fault, later
     assert plan.do is Do.NOTHING
-    newer = Cond("gpu/0000:3b:00.0", "XID_79", "CRITICAL", "REBOOT", 31)  # it happened again (UPDATED)
+    newer = Cond("gpu/0000:3b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 31)  # it happened again (UPDATED)
     plan, st = decide(CFG, health(newer), IDLE, st, NOW + 120)
     assert plan.do is Do.DRAIN
 
 
 def test_a_new_fault_on_another_component_after_an_operators_resume_drains() -> None:
     _, st = decide(CFG, health(XID), IDLE, ours(), NOW)
-    plan, _ = decide(CFG, health(XID, Cond("gpu/0000:5b:00.0", "XID_79", "CRITICAL", "REBOOT", 40)), IDLE, st, NOW)
+    again = Cond("gpu/0000:5b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 40)
+    plan, _ = decide(CFG, health(XID, again), IDLE, st, NOW)
     assert plan.do is Do.DRAIN
 
 
@@ -334,7 +326,7 @@ def test_reasons_are_printable_ascii_without_quotes_and_bounded() -> None:
     text = clean("robustd: \x1b[31m'GPU'\" \u202e" + "x" * 1000)
     assert len(text) == REASON_MAX and text.isascii() and text.isprintable()
     assert not set("'\"\\\x1b") & set(text) and text.endswith("...")
-    long = Cond("gpu/" + "z" * 200, "XID_79", "CRITICAL", "REBOOT", 1)
+    long = Cond("gpu/" + "z" * 200, "XID_79", Severity.CRITICAL, Action.REBOOT, 1)
     assert len(decide(CFG, health(long), IDLE, AgentState(), NOW)[0].reason) <= REASON_MAX
 
 
@@ -359,7 +351,7 @@ def test_the_state_round_trips_through_json() -> None:
 
 
 def test_the_state_file_is_replaced_atomically_and_a_corrupt_one_set_aside(tmp_path: Path) -> None:
-    f = StateFile(str(tmp_path / "sub" / "slurm.json"))
+    f = AgentStateFile(str(tmp_path / "sub" / "slurm.json"))
     assert f.read() == AgentState()
     st = ours(AgentState(node="n1"))
     f.write(st)
@@ -373,7 +365,7 @@ def test_the_state_lock_excludes_another_holder_and_times_out(tmp_path: Path) ->
     """flock(2) locks belong to an open file, so another open of the lock file stands for another process."""
     import fcntl
 
-    f = StateFile(str(tmp_path / "slurm.json"))
+    f = AgentStateFile(str(tmp_path / "slurm.json"))
     fd = os.open(f.lock_path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -531,7 +523,7 @@ class FakeSlurm:
 
 
 def actor(tmp_path: Path, fake: FakeSlurm, config: SlurmConfig = CFG) -> Actor:
-    return Actor(config, fake, StateFile(str(tmp_path / "slurm.json")), "n1", clock=lambda: NOW)  # type: ignore[arg-type]
+    return Actor(config, fake, AgentStateFile(str(tmp_path / "slurm.json")), "n1", clock=lambda: NOW)  # type: ignore[arg-type]
 
 
 def test_a_pass_drains_and_records(tmp_path: Path) -> None:
@@ -660,5 +652,5 @@ def test_events_move_the_table_forward_once(tmp_path: Path) -> None:
     a._handle("event", ev, None)
     a._handle("event", ev, None)
     assert a.table.seq == 11 and list(a.table.conditions.values()) == [Cond(
-        "gpu/0000:3b:00.0", "XID_79", "CRITICAL", "REBOOT", 11)]
+        "gpu/0000:3b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 11)]
     assert a._health().bad

@@ -17,6 +17,8 @@ import grpc
 import pytest
 from conftest import REPO, Daemon, need_root
 
+from robustd.adapters.common import client
+from robustd.adapters.common.client import NotTraceable, not_traceable
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.nvmlemu import build
@@ -125,13 +127,22 @@ def test_capture_stacks_of_the_training_processes_over_grpc(make_daemon: Any, jo
     only = capture(d, selector=pb.ProcessSelector(pids=[job.pid(1)]))
     assert [p.rank for p in only.processes] == [1]
 
-    # Never an arbitrary process: this test's own pid matches no pattern.
+    # Never an arbitrary process: this test's own pid matches no pattern. The refusal names what it refused
+    # in its status details (pb.NotTraceable), so a caller can drop those and ask again without parsing text.
     with pytest.raises(grpc.RpcError) as err:
-        capture(d, selector=pb.ProcessSelector(pids=[os.getpid()]))
+        capture(d, selector=pb.ProcessSelector(pids=[os.getpid(), job.pid(0)]))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND and "not a training process" in (err.value.details() or "")
+    refused = not_traceable(err.value)
+    assert refused is not None and list(refused.pids) == [os.getpid()] and list(refused.ranks) == []
     with pytest.raises(grpc.RpcError) as err:
         capture(d, selector=pb.ProcessSelector(ranks=[9]))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    refused = not_traceable(err.value)
+    assert refused is not None and list(refused.ranks) == [9] and list(refused.pids) == []
+    with pytest.raises(NotTraceable) as refusal:  # the adapters' client reads the same status
+        client.capture_stacks(d.socket, [os.getpid(), job.pid(0)], 30)
+    assert refusal.value.pids == (os.getpid(),)
+    assert [p.pid for p in client.capture_stacks(d.socket, [job.pid(0)], 30).processes] == [job.pid(0)]
 
 
 def test_native_capture_includes_native_frames(make_daemon: Any, job: Job) -> None:

@@ -7,6 +7,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, status_pb2
+from grpc_status import rpc_status
 
 from robustd import tracer
 from robustd.api.convert import dur, ts
@@ -43,11 +46,19 @@ class TracerServicer(pb_grpc.TracerServicer):
         try:
             targets = tracer.narrow(targets, list(request.selector.pids), list(request.selector.ranks))
         except tracer.NotTraceable as e:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+            await context.abort(*_not_traceable(e))
         captured_at = time.time()
         captures = await tracer.capture_all(py_spy, targets, request.native, timeout, cfg.concurrency)
         return pb.CaptureResponse(node=self.node, captured_at=ts(captured_at),
                                   processes=[_process(c) for c in captures])
+
+
+def _not_traceable(e: tracer.NotTraceable) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """NOT_FOUND whose status details (google.rpc.Status, the gRPC rich error model) name the pids and ranks."""
+    detail = any_pb2.Any()
+    detail.Pack(pb.NotTraceable(pids=e.pids, ranks=e.ranks))
+    status = rpc_status.to_status(status_pb2.Status(code=code_pb2.NOT_FOUND, message=str(e), details=[detail]))
+    return status.code, status.details, tuple(status.trailing_metadata)
 
 
 def _process(c: tracer.Capture) -> pb.ProcessStacks:

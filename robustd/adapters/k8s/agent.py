@@ -23,14 +23,14 @@ import time
 from typing import Any, Callable
 
 from robustd import __version__
+from robustd.adapters.common import client
+from robustd.adapters.common.model import CLEARED, Table
+from robustd.adapters.common.watch import WatchAgent, WatchStream, agent_parser, start
 from robustd.adapters.k8s import families
 from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
-from robustd.adapters.slurm import client
-from robustd.adapters.slurm.model import CLEARED, Table
-from robustd.adapters.watch import WatchAgent, WatchStream, agent_parser, start
 from robustd.api.v1 import robustd_pb2 as pb
 
 log = logging.getLogger("robustd.k8s")

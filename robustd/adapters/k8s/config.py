@@ -13,9 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from robustd.adapters.slurm.config import ActionName
+from robustd.adapters.common.config import ActionName, Threshold
 from robustd.config import Schema
 from robustd.durations import PositiveDuration
+from robustd.model import Severity
 from robustd.paths import AbsPath
 
 # A DNS-1123 subdomain: what Kubernetes accepts as a node name.
@@ -56,7 +57,7 @@ class K8sConfig(BaseModel):
     # A kubeconfig file; default: the in-cluster service account (`--kubeconfig` overrides both).
     kubeconfig: AbsPath | None = None
     condition_prefix: str = Field(default="Robustd", min_length=1, max_length=32, pattern=r"^[A-Z][A-Za-z0-9]*$")
-    condition_severity: Literal["WARNING", "CRITICAL"] = "WARNING"  # a family's condition is True at or above this
+    condition_severity: Threshold = Severity.WARNING  # a family's condition is True at or above this
     heartbeat: PositiveDuration = 300.0  # lastHeartbeatTime rewritten this often (plus up to 10% jitter)
     events_namespace: str = Field(default="default", min_length=1, max_length=63, pattern=_NAMESPACE)
     state_file: AbsPath | None = None  # default: <state_dir>/k8s.json

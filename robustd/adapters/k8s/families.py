@@ -1,6 +1,6 @@
 """robustd's conditions in Kubernetes' words: one node condition per family, one Event per change.
 
-Pure functions of plain values (robustd.adapters.slurm.model.Cond, the `k8s:` config): no client, no
+Pure functions of plain values (robustd.adapters.common.model.Cond, the `k8s:` config): no client, no
 clock. A family groups components by what an operator would look at (GPU, network, PCIe, ...); its
 node condition is True while a condition of the family at or above `k8s.condition_severity` stands.
 Kubernetes' own conditions (Ready, MemoryPressure, ...) are never produced here: every type carries
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from robustd.adapters.common.model import CLEARED, RAISED, Cond
 from robustd.adapters.k8s.config import K8sConfig
-from robustd.adapters.slurm.model import CLEARED, RAISED, Cond, action_rank
 from robustd.model import Severity
 
 FAMILIES = ("GPUProblem", "NetworkProblem", "PCIeProblem", "MemoryProblem", "DiskProblem", "ThermalProblem",
@@ -67,7 +67,7 @@ def camel(code: str) -> str:
 
 
 def _rank(c: Cond) -> tuple[int, int, int]:
-    return (Severity[c.severity].value if c.severity in Severity.__members__ else 0, action_rank(c.action), c.seq)
+    return (c.severity, c.action, c.seq)
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
@@ -77,7 +77,7 @@ def _clip(text: str, limit: int = MAX_MESSAGE) -> str:
 
 def counts(c: Cond, cfg: K8sConfig) -> bool:
     """Whether a condition makes its family's node condition True."""
-    return c.severity in Severity.__members__ and Severity[c.severity] >= Severity[cfg.condition_severity]
+    return c.severity >= cfg.condition_severity
 
 
 def desired(conditions: list[Cond], cfg: K8sConfig) -> list[NodeCondition]:
@@ -91,12 +91,12 @@ def desired(conditions: list[Cond], cfg: K8sConfig) -> list[NodeCondition]:
         ctype = cfg.condition_prefix + fam
         if not conds:
             out.append(NodeCondition(ctype, "False", f"No{fam}",
-                                     f"robustd reports no {fam} at or above {cfg.condition_severity}"))
+                                     f"robustd reports no {fam} at or above {cfg.condition_severity.name}"))
             continue
         conds.sort(key=_rank, reverse=True)
         codes = list(dict.fromkeys(c.code for c in conds))
         reason = camel(codes[0]) + (f"And{len(codes) - 1}More" if len(codes) > 1 else "")
-        parts = [f"{c.code} on {c.component} ({c.severity}, action {c.action})" for c in conds[:16]]
+        parts = [f"{c.code} on {c.component} ({c.severity.name}, action {c.action.name})" for c in conds[:16]]
         more = f"; +{len(conds) - 16} more" if len(conds) > 16 else ""
         out.append(NodeCondition(ctype, "True", reason[:MAX_REASON], _clip("; ".join(parts) + more)))
     return out
@@ -110,15 +110,15 @@ def unknown(cfg: K8sConfig, why: str) -> list[NodeCondition]:
 
 def event_for(kind: int, c: Cond, seq: int) -> EventSpec | None:
     """The Event for a RAISED or CLEARED robustd event at or above WARNING; None for the rest."""
-    if kind not in (RAISED, CLEARED) or c.severity not in ("WARNING", "CRITICAL"):
+    if kind not in (RAISED, CLEARED) or c.severity < Severity.WARNING:
         return None
     if kind == RAISED:
         return EventSpec(seq, "Warning", c.code[:MAX_REASON],
-                         _clip(f"{c.code} raised on {c.component}: {c.severity}, action {c.action}"))
+                         _clip(f"{c.code} raised on {c.component}: {c.severity.name}, action {c.action.name}"))
     return EventSpec(seq, "Normal", c.code[:MAX_REASON], _clip(f"{c.code} cleared on {c.component}"))
 
 
 def quarantine_for(conditions: list[Cond], cfg: K8sConfig) -> Cond | None:
     """The condition that asks for quarantine: CRITICAL with one of k8s.quarantine.actions (the most drastic)."""
-    hits = [c for c in conditions if c.severity == "CRITICAL" and c.action in cfg.quarantine.actions]
+    hits = [c for c in conditions if c.severity is Severity.CRITICAL and c.action in cfg.quarantine.actions]
     return max(hits, key=_rank) if hits else None

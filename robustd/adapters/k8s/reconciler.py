@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Callable
 
+from robustd.adapters.common.model import Cond, Table
 from robustd.adapters.k8s import families
 from robustd.adapters.k8s.config import K8sConfig
 from robustd.adapters.k8s.families import EventSpec, NodeCondition
 from robustd.adapters.k8s.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound, Refused, Transient
 from robustd.adapters.k8s.state import MAX_PENDING, MAX_SERIES, K8sState, K8sStateFile, Quarantine, Series
-from robustd.adapters.slurm.model import Table
 
 log = logging.getLogger("robustd.k8s")
 
@@ -241,7 +241,7 @@ class Reconciler:
         if now - st.ok_since >= self.cfg.quarantine.release_after:
             self._release()
 
-    def _breaker_allows(self, q: Any, now: float) -> bool:
+    def _breaker_allows(self, q: Cond, now: float) -> bool:
         nodes = self.kube.list_nodes(self.cfg.quarantine.node_selector)
         total = len(nodes)
         held = sum(1 for n in nodes if has_taint(n) and (n.get("metadata") or {}).get("name") != self.node)
@@ -251,7 +251,7 @@ class Reconciler:
         self.breaker_at = now + BREAKER_RECHECK
         fault = f"{q.code} on {q.component}"
         if self.state.suppressed != fault:
-            text = (f"not quarantining for {fault} (action {q.action}): {held} of {total} nodes already carry "
+            text = (f"not quarantining for {fault} (action {q.action.name}): {held} of {total} nodes already carry "
                     f"{TAINT_KEY} (allowance {allowance}, k8s.quarantine.max_fraction "
                     f"{self.cfg.quarantine.max_fraction:g})")
             log.warning("node %s: %s", self.node, text)
@@ -275,7 +275,7 @@ class Reconciler:
                 log.info("node %s changed under robustd-k8s's update (409): reading it again", self.node)
         raise Transient(f"update node {self.node}: {PUT_ATTEMPTS} conflicts in a row")
 
-    def _cordon(self, q: Any, now: float) -> None:
+    def _cordon(self, q: Cond, now: float) -> None:
         effect = self.cfg.quarantine.taint_effect
         pre: list[bool] = []
 
@@ -285,15 +285,15 @@ class Reconciler:
             ours = ann.get(CORDONED_BY) == OWNER
             pre[:] = [ann.get(PRE_EXISTING) == "true" if ours else bool(spec.get("unschedulable"))]
             taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]
-            taints.append({"key": TAINT_KEY, "value": q.action, "effect": effect})
+            taints.append({"key": TAINT_KEY, "value": q.action.name, "effect": effect})
             return {"spec": {"taints": taints, "unschedulable": True},
                     "metadata": {"annotations": {CORDONED_BY: OWNER, PRE_EXISTING: "true" if pre[0] else "false"}}}
 
         self._read_modify_put(change)
-        self.state.quarantine = Quarantine(action=q.action, fault=f"{q.code} on {q.component}", since=now,
+        self.state.quarantine = Quarantine(action=q.action.name, fault=f"{q.code} on {q.component}", since=now,
                                            pre_existing_cordon=bool(pre and pre[0]))
         self.save()
-        log.warning("node %s quarantined: cordoned and tainted %s=%s:%s for %s%s", self.node, TAINT_KEY, q.action,
+        log.warning("node %s quarantined: cordoned and tainted %s=%s:%s for %s%s", self.node, TAINT_KEY, q.action.name,
                     effect, self.state.quarantine.fault, " (it was cordoned already: that cordon stays robustd's "
                                                          "to leave)" if pre and pre[0] else "")
 

@@ -1,8 +1,8 @@
 """robustd-k8s's state file: its Watch position, the Events it has still to post and has posted, and the
 quarantine it holds.
 
-Saved with robustd-slurm's StateFile machinery (written to a temporary file, fsynced, renamed; a
-corrupt file set aside), so a crash leaves the old state or the new, never half. The Watch position
+Saved through the adapters' common StateFile (written to a temporary file, fsynced, renamed; a corrupt
+file set aside), so a crash leaves the old state or the new, never half. The Watch position
 and the Events still to post are saved together: after a restart the Watch resumes after the saved
 seq and every robustd event after it becomes an Event exactly once. Node conditions are not kept
 here: the Node itself holds them, and the agent reads them back at start (so lastTransitionTime
@@ -11,16 +11,13 @@ survives a restart, and a conditions edit by someone else is seen).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from robustd.adapters.common.model import Table
+from robustd.adapters.common.statefile import StateFile
 from robustd.adapters.k8s.families import EventSpec
-from robustd.adapters.slurm.model import Table
-from robustd.adapters.slurm.statefile import StateFile
 
 log = logging.getLogger("robustd.k8s")
 
@@ -43,7 +40,7 @@ class Series:
 class Quarantine:
     """The cordon and taint robustd put on the node."""
 
-    action: str
+    action: str  # the taint's value: the name of robustd's action (REBOOT, HW_INSPECT, ...)
     fault: str  # "<code> on <component>"
     since: float  # wall clock
     pre_existing_cordon: bool  # someone else had cordoned the node: robustd leaves the cordon when it releases
@@ -83,21 +80,8 @@ class K8sState:
             raise ValueError(f"malformed robustd-k8s state: {e}") from None
 
 
-class K8sStateFile(StateFile):
-    """robustd-slurm's StateFile (atomic write, skip unchanged bytes, flock), reading a K8sState."""
+class K8sStateFile(StateFile[K8sState]):
+    """robustd-k8s's state file (robustd.adapters.common.statefile)."""
 
-    def read(self) -> K8sState:  # type: ignore[override]
-        self._known = None
-        try:
-            with open(self.path, "rb") as f:
-                raw = f.read(16 << 20)
-        except FileNotFoundError:
-            return K8sState()
-        try:
-            return K8sState.from_json(json.loads(raw.decode("utf-8")))
-        except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            aside = f"{self.path}.corrupt"
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            log.error("state file %s is unusable (%s); moved to %s, starting afresh", self.path, e, aside)
-            return K8sState()
+    def __init__(self, path: str):
+        super().__init__(path, K8sState.from_json, K8sState, owner="robustd-k8s")

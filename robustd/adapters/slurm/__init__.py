@@ -1,13 +1,13 @@
 """robustd-slurm: drain a bad Slurm node at once, resume only what robustd drained.
 
-Modules, in dependency order:
-  config    the `slurm:` section of robustd.yaml (imported by robustd.config, so kept light)
-  model     plain values: conditions, the agent's state, Slurm's view of a node
+Modules, in dependency order (the client, the conditions, the state file and the service loop are the
+adapters' common ones, robustd.adapters.common):
+  config    the `slurm:` section of robustd.yaml (registered as a section: the daemon loads it, so kept light)
+  model     plain values: the agent's state and its state file, Slurm's view of a node
   rules     the decisions, pure functions of those values (drain, resume, flapping, breaker)
   slurmcli  scontrol/sinfo through an injectable runner, every call under a timeout
-  statefile the state file shared by the agent and the robustctl hooks (locked, written atomically)
   actor     one pass: read Slurm, decide, act, record (used by the agent and by the hooks)
-  client    the daemon's gRPC API as this adapter uses it
   agent     the long-running Watch client (`robustd-slurm`)
+  hung_job  a hung job's leftover processes and their stacks (the epilog, after triage says hang)
   hooks     `robustctl slurm healthcheck | prolog | epilog | status`
 """

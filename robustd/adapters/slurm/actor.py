@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from robustd.adapters.common.model import Table
 from robustd.adapters.slurm.config import SlurmConfig
-from robustd.adapters.slurm.model import AgentState, NodeView, SelfCheck, Suppression, Table
+from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView, SelfCheck, Suppression
 from robustd.adapters.slurm.rules import (
     Do,
     Health,
@@ -29,7 +30,6 @@ from robustd.adapters.slurm.rules import (
     suppressed,
 )
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
-from robustd.adapters.slurm.statefile import StateFile
 
 log = logging.getLogger("robustd.slurm")
 
@@ -53,7 +53,7 @@ class Actor:
 
     cfg: SlurmConfig
     slurm: Slurm
-    store: StateFile
+    store: AgentStateFile
     node_name: str
     clock: Callable[[], float] = time.time
     lock_timeout: float = 60.0

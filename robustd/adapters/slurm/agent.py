@@ -29,14 +29,15 @@ from types import FrameType
 from typing import Any
 
 from robustd import __version__
-from robustd.adapters.slurm import client
+from robustd.adapters.common import client
+from robustd.adapters.common.model import Table
+from robustd.adapters.common.statefile import LockTimeout
+from robustd.adapters.common.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
 from robustd.adapters.slurm.actor import Actor
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
-from robustd.adapters.slurm.model import SelfCheck, Table
+from robustd.adapters.slurm.model import AgentStateFile, SelfCheck
 from robustd.adapters.slurm.rules import Do, Health, assess
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
-from robustd.adapters.slurm.statefile import LockTimeout, StateFile
-from robustd.adapters.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
 
 log = logging.getLogger("robustd.slurm")
 
@@ -59,7 +60,7 @@ class Agent(WatchAgent):
         self.cfg: SlurmConfig = settings.section("slurm")
         self.socket: str = c.listen.unix
         self.node = node_name(self.cfg)
-        self.store = StateFile(state_path(settings))
+        self.store = AgentStateFile(state_path(settings))
         self.slurm = slurm or Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
         self.actor = Actor(self.cfg, self.slurm, self.store, self.node)
         self.diag_timeout = float(c.diagnostics.timeout)

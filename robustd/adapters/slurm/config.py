@@ -13,16 +13,16 @@ and line rather than at the first self-check after a reboot.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from robustd.adapters.common.config import ActionName
 from robustd.config import LEVELS, Schema, known
 from robustd.durations import Duration, PositiveDuration
 from robustd.model import Action
 from robustd.paths import AbsPath, NameOrPath
 
-ACTIONS = tuple(Action.__members__)  # least to most drastic
 DEFAULT_PREFIX = "robustd:"
 HEALTHCHECK_KILL = 60.0  # Slurm 22.05 kills HealthCheckProgram after 60 s; the hooks must end well before
 
@@ -30,18 +30,6 @@ HEALTHCHECK_KILL = 60.0  # Slurm 22.05 kills HealthCheckProgram after 60 s; the 
 def plain_char(ch: str) -> bool:
     """Printable ASCII other than quotes and backslashes: what a Slurm reason (and robustd's prefix) may hold."""
     return " " <= ch <= "~" and ch not in "\"'\\"
-
-
-def _action(name: Any) -> str:
-    if not isinstance(name, str):
-        raise ValueError(f"expected an action name, got {type(name).__name__}")
-    value = name.strip().upper().removeprefix("ACTION_")
-    if value not in ACTIONS:
-        raise ValueError(f"unknown action {name!r} (known: {', '.join(ACTIONS)})")
-    return value
-
-
-ActionName = Annotated[str, AfterValidator(_action)]
 
 
 def _level(name: str | None, info: ValidationInfo) -> str | None:
@@ -92,7 +80,8 @@ class SlurmConfig(BaseModel):
     # Every reason robustd writes starts with this; a node whose reason does not is never touched.
     reason_prefix: str = DEFAULT_PREFIX
     # Drain when a CRITICAL condition's action is one of these.
-    drain_actions: list[ActionName] = Field(default_factory=lambda: ["RESET_GPU", "REBOOT", "HW_INSPECT"])
+    drain_actions: list[ActionName] = Field(default_factory=lambda: [Action.RESET_GPU, Action.REBOOT,
+                                                                     Action.HW_INSPECT])
     on_critical: Literal["drain", "down"] = "drain"  # down kills the running jobs; drain lets them end
     resume_after: Duration = 300.0  # the verdict must stay below the drain threshold this long before a resume
     max_resumes: int = Field(default=3, ge=0, le=1000)  # resumes in 24 h; one more drain holds it as flapping
@@ -135,9 +124,9 @@ class SlurmConfig(BaseModel):
 
     @field_validator("reboot_on")
     @classmethod
-    def _reboot_subset(cls, value: list[str], info: ValidationInfo) -> list[str]:
+    def _reboot_subset(cls, value: list[Action], info: ValidationInfo) -> list[Action]:
         drain = info.data.get("drain_actions")
-        missing = [a for a in value if drain is not None and a not in drain]
+        missing = [a.name for a in value if drain is not None and a not in drain]
         if missing:
             raise ValueError(f"{', '.join(missing)} not in drain_actions: such a verdict never drains, so it "
                              "would never reboot")

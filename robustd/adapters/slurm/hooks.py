@@ -35,16 +35,16 @@ from dataclasses import asdict
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Mapping
 
-from robustd.adapters.slurm import client
+from robustd.adapters.common import client
+from robustd.adapters.common.statefile import LockTimeout
+from robustd.adapters.common.watch import load_settings
 from robustd.adapters.slurm.actor import Actor, Result
 from robustd.adapters.slurm.agent import node_name, state_path
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
 from robustd.adapters.slurm.hung_job import JOB_ID, capture_hang
-from robustd.adapters.slurm.model import AgentState, NodeView
+from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView
 from robustd.adapters.slurm.rules import Health, assess, fault_text, recent_resumes, respected
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
-from robustd.adapters.slurm.statefile import LockTimeout, StateFile
-from robustd.adapters.watch import load_settings
 from robustd.roots import DEFAULT_DEV, DEFAULT_PROC
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class Hook:
         self.rpc_timeout = rpc_timeout
         self.slurm = Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
         self.slurm.deadline = self.deadline
-        self.store = StateFile(state_path(self.settings))
+        self.store = AgentStateFile(state_path(self.settings))
         self.actor = Actor(self.cfg, self.slurm, self.store, self.node, lock_timeout=max(0.1, self.remaining() / 2))
 
     def remaining(self) -> float:
@@ -298,7 +298,8 @@ def epilog_triage(hook: Hook, env: Mapping[str, str], job: str) -> Triage | None
     log.warning("%s", verdict_line(job, verdict, len(logs)))
     if verdict.klass == "hang":
         try:
-            capture_hang(hook, job)
+            capture_hang(job, hook.socket, hook.settings.roots(), hook.settings.config.tracer,
+                         hook.settings.config.state_dir, hook.remaining())
         except Exception as e:  # noqa: BLE001 - fail open
             log.error("job %s: stack capture failed (%s: %s)", job, type(e).__name__, e)
     return verdict

@@ -11,17 +11,11 @@ import logging
 import os
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import grpc
-
-from robustd.adapters.slurm import client
-from robustd.api.v1 import robustd_pb2 as pb
-from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.adapters.common import client
+from robustd.config import TracerConfig
 from robustd.roots import Roots
-
-if TYPE_CHECKING:
-    from robustd.adapters.slurm.hooks import Hook
 
 log = logging.getLogger("robustd.slurm")
 
@@ -84,44 +78,40 @@ def job_pids(roots: Roots, job: str, own: int, limit: int = MAX_JOB_PIDS) -> lis
     return sorted(found)
 
 
-def capture_hang(hook: Hook, job: str) -> None:
-    """Tracer.CaptureStacks of the hung job's leftover processes, saved under <state_dir>/stacks; the
-    path is logged. Only training processes are traced (the daemon's rule): the others are left out."""
-    pids = job_pids(hook.settings.roots(), job, os.getpid())
+def capture_hang(job: str, socket: str, roots: Roots, tracer: TracerConfig, state_dir: str, budget: float) -> None:
+    """Tracer.CaptureStacks of the hung job's leftover processes, saved under <state_dir>/stacks, within
+    `budget` seconds; the path is logged. Only training processes are traced (the daemon's rule): the daemon
+    names the others it refuses (NotTraceable), and the rest are captured."""
+    pids = job_pids(roots, job, os.getpid())
     if not pids:
         log.warning("job %s: triage says hang; no process of the job is left to capture", job)
         return
-    tracer = hook.settings.config.tracer
     waves = 1 + len(pids) // max(1, tracer.concurrency)
-    timeout = min(max(1.0, hook.remaining() - 5), tracer.timeout * waves + 10)
+    timeout = min(max(1.0, budget - 5), tracer.timeout * waves + 10)
     want = list(pids)
     resp = None
     for _ in range(2):
         try:
-            channel = client.open_channel(hook.socket)
+            resp = client.capture_stacks(socket, want, timeout)
+            break
+        except client.NotTraceable as e:
+            rest = [p for p in want if p not in set(e.pids)]
+            if e.pids and rest:  # trace the rest of the job's processes
+                want = rest
+                continue
+            err: Exception = e
+        except client.CaptureRefused as e:
+            err = e
         except client.Unreachable as e:
             log.warning("job %s: triage says hang, but its stacks cannot be captured: %s", job, e)
             return
-        try:
-            resp = pb_grpc.TracerStub(channel).CaptureStacks(
-                pb.CaptureRequest(selector=pb.ProcessSelector(pids=want)), timeout=timeout)
-            break
-        except grpc.RpcError as e:
-            details = e.details() or ""
-            # "pid 12, 13: not a training process ...": trace the rest of the job's processes
-            refused = {int(n) for n in re.findall(r"\d+", details.partition(":")[0])}
-            if e.code() == grpc.StatusCode.NOT_FOUND and refused and set(want) - refused:
-                want = [p for p in want if p not in refused]
-                continue
-            log.warning("job %s: triage says hang; stack capture of its %d processes (pids %s) failed: %s: %s",
-                        job, len(pids), ",".join(map(str, pids[:16])), e.code().name, details[:300])
-            return
-        finally:
-            channel.close()
+        log.warning("job %s: triage says hang; stack capture of its %d processes (pids %s) failed: %s",
+                    job, len(pids), ",".join(map(str, pids[:16])), str(err)[:300])
+        return
     if resp is None:
         return
     try:
-        path = save_stacks(hook.settings.config.state_dir, job, resp)
+        path = save_stacks(state_dir, job, resp)
     except OSError as e:
         log.warning("job %s: stacks captured but not saved: %s", job, e)
         return

@@ -1,8 +1,9 @@
-"""Plain values the Slurm rules work on: the node's conditions, Slurm's view of the node, the agent's state.
+"""Plain values the Slurm rules work on besides the node's conditions (robustd.adapters.common.model):
+Slurm's view of the node and the agent's state.
 
 No gRPC, no subprocesses, no clock: the rules (rules.py) are functions of these, and the tests build
 them by hand. The agent's state is what it did and why (the drain it holds, its resumes, a suppressed
-drain); it is saved as JSON in the state file the agent and the robustctl hooks share.
+drain); it is saved as JSON in the state file the agent and the robustctl hooks share (AgentStateFile).
 """
 
 from __future__ import annotations
@@ -11,87 +12,11 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from robustd.model import Action, EventKind, Severity
-
-RAISED, UPDATED, CLEARED = EventKind.RAISED, EventKind.UPDATED, EventKind.CLEARED  # robustd.v1.EventKind
+from robustd.adapters.common.model import Table
+from robustd.adapters.common.statefile import StateFile
 
 FLAP_WINDOW = 86400.0  # resumes counted for max_resumes: the last 24 hours
 STATE_VERSION = 1
-
-
-def severity_name(value: int) -> str:
-    """A wire Severity's name; OK for a value this version does not know (UNSPECIFIED included)."""
-    try:
-        return Severity(value).name
-    except ValueError:
-        return "OK"
-
-
-def action_name(value: int) -> str:
-    """A wire Action's name; NONE for a value this version does not know (UNSPECIFIED included)."""
-    try:
-        return Action(value).name
-    except ValueError:
-        return "NONE"
-
-
-def action_rank(name: str) -> int:
-    """How drastic an action is (robustd.model.Action's order); 0 for a name it does not have."""
-    return Action[name].value if name in Action.__members__ else 0
-
-
-@dataclass(frozen=True)
-class Cond:
-    """One standing condition, as much of it as the rules need."""
-
-    component: str
-    code: str
-    severity: str  # OK | WARNING | CRITICAL
-    action: str  # NONE | RESTART_JOB | RESET_GPU | REBOOT | HW_INSPECT
-    seq: int  # its last change
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.component, self.code)
-
-
-@dataclass
-class Table:
-    """The node's standing conditions as of `seq`: a GetVerdict snapshot moved forward by Watch events.
-
-    An event at or below `seq` is already in the table and is ignored, so a snapshot taken while
-    events were queued, or events replayed after a reconnect, never apply twice.
-    """
-
-    seq: int = 0
-    boot_id: str = ""
-    conditions: dict[tuple[str, str], Cond] = field(default_factory=dict)
-
-    def apply(self, kind: int, cond: Cond, seq: int) -> bool:
-        """One event; False when it was already reflected (seq not above the table's)."""
-        if seq <= self.seq:
-            return False
-        self.seq = seq
-        if kind == CLEARED:
-            self.conditions.pop(cond.key, None)
-        else:
-            self.conditions[cond.key] = cond
-        return True
-
-    def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "boot_id": self.boot_id,
-                "conditions": [[c.component, c.code, c.severity, c.action, c.seq] for c in self.conditions.values()]}
-
-    @classmethod
-    def from_json(cls, data: Any) -> Table | None:
-        if not isinstance(data, dict):
-            return None
-        try:
-            conds = [Cond(str(c[0]), str(c[1]), str(c[2]), str(c[3]), int(c[4])) for c in data.get("conditions", [])]
-            return cls(seq=int(data["seq"]), boot_id=str(data.get("boot_id", "")),
-                       conditions={c.key: c for c in conds})
-        except (KeyError, IndexError, TypeError, ValueError):
-            return None
 
 
 @dataclass(frozen=True)
@@ -198,3 +123,11 @@ class AgentState:
                        table=Table.from_json(data.get("watch")))
         except (TypeError, ValueError) as e:
             raise ValueError(f"malformed robustd-slurm state: {e}") from None
+
+
+class AgentStateFile(StateFile[AgentState]):
+    """robustd-slurm's state file, shared by the agent and the hooks (robustd.adapters.common.statefile)."""
+
+    def __init__(self, path: str):
+        super().__init__(path, AgentState.from_json, AgentState, owner="robustd-slurm",
+                         aside="robustd's drains are still recognised by their reason prefix")

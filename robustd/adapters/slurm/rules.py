@@ -18,17 +18,17 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
+from robustd.adapters.common.model import Cond
 from robustd.adapters.slurm.config import SlurmConfig, plain_char
 from robustd.adapters.slurm.model import (
     FLAP_WINDOW,
     AgentState,
-    Cond,
     DrainRecord,
     NodeView,
     SelfCheck,
     Suppression,
-    action_rank,
 )
+from robustd.model import Severity
 
 REASON_MAX = 256  # characters of a reason robustd writes (sinfo shows them whole; keep them readable)
 
@@ -56,8 +56,8 @@ class Health:
 
 def assess(conditions: list[Cond] | tuple[Cond, ...], cfg: SlurmConfig, seq: int, boot_id: str) -> Health:
     """Drain-worthy conditions, worst first: most drastic action, then the oldest change (a stable reason)."""
-    faults = [c for c in conditions if c.severity == "CRITICAL" and c.action in cfg.drain_actions]
-    faults.sort(key=lambda c: (-action_rank(c.action), c.seq, c.component, c.code))
+    faults = [c for c in conditions if c.severity is Severity.CRITICAL and c.action in cfg.drain_actions]
+    faults.sort(key=lambda c: (-c.action, c.seq, c.component, c.code))
     return Health(faults=tuple(faults), seq=seq, boot_id=boot_id)
 
 
@@ -92,7 +92,7 @@ def fault_text(h: Health) -> str:
     if c is None:
         return "no fault"
     more = f" +{len(h.faults) - 1} more" if len(h.faults) > 1 else ""
-    return f"{c.code} on {c.component} (action {c.action}, seq {c.seq}){more}"
+    return f"{c.code} on {c.component} (action {c.action.name}, seq {c.seq}){more}"
 
 
 def _flapping_reason(prefix: str, resumes: int, what: str) -> str:

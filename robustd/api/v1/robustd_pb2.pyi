@@ -499,6 +499,14 @@ class ProcessSelector(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, pids: _Optional[_Iterable[int]] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class NotTraceable(_message.Message):
+    __slots__ = ("pids", "ranks")
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pids: _Optional[_Iterable[int]] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class CaptureRequest(_message.Message):
     __slots__ = ("selector", "native", "timeout")
     SELECTOR_FIELD_NUMBER: _ClassVar[int]

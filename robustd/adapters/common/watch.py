@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 
 from robustd import __version__
-from robustd.adapters.slurm import client
-from robustd.adapters.slurm.model import Table
+from robustd.adapters.common import client
+from robustd.adapters.common.model import Table
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli.args import examples as cli_examples

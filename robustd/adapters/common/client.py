@@ -1,4 +1,6 @@
-"""The daemon's gRPC API as robustd-slurm uses it: GetVerdict, Watch, Diagnostics.Run, over the Unix socket."""
+"""The daemon's gRPC API as an adapter uses it, over the Unix socket: GetVerdict, Watch, Diagnostics.Run and
+Tracer.CaptureStacks. Wire values become plain ones here (Cond, robustd's enums); nothing past this module
+sees protobuf but the report a run returns."""
 
 from __future__ import annotations
 
@@ -6,8 +8,9 @@ import os
 from typing import Any
 
 import grpc
+from grpc_status import rpc_status
 
-from robustd.adapters.slurm.model import Cond, action_name, severity_name
+from robustd.adapters.common.model import Cond, action_of, severity_of
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 
@@ -27,8 +30,8 @@ def open_channel(socket: str) -> grpc.Channel:
 
 
 def cond(c: Any) -> Cond:
-    return Cond(component=c.component, code=c.code, severity=severity_name(c.severity),
-                action=action_name(c.action), seq=int(c.seq))
+    return Cond(component=c.component, code=c.code, severity=severity_of(c.severity), action=action_of(c.action),
+                seq=int(c.seq))
 
 
 def get_verdict(socket: str, timeout: float) -> pb.Verdict:
@@ -74,9 +77,61 @@ class DiagnosticRefused(Exception):
     """The daemon answered Diagnostics.Run with an error (another run, unknown level, not authorized, ...)."""
 
 
+class CaptureRefused(Exception):
+    """The daemon answered Tracer.CaptureStacks with an error; `code` is its gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class NotTraceable(CaptureRefused):
+    """CaptureStacks refused because the selector named processes that are not training processes; `pids` and
+    `ranks` say which, read from the status's details (pb.NotTraceable), never from its text."""
+
+    def __init__(self, details: str, pids: tuple[int, ...], ranks: tuple[int, ...]):
+        super().__init__(grpc.StatusCode.NOT_FOUND, details)
+        self.pids = pids
+        self.ranks = ranks
+
+
+def capture_stacks(socket: str, pids: list[int], timeout: float) -> pb.CaptureResponse:
+    """Tracer.CaptureStacks of `pids`, bounded by `timeout`. Unreachable when robustd does not answer,
+    NotTraceable when some pids are not training processes, CaptureRefused for any other error."""
+    channel = open_channel(socket)
+    try:
+        return pb_grpc.TracerStub(channel).CaptureStacks(
+            pb.CaptureRequest(selector=pb.ProcessSelector(pids=pids)), timeout=timeout)
+    except grpc.RpcError as e:
+        code, details = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAVAILABLE:
+            raise Unreachable(f"robustd at {socket}: {code.name}: {details}") from None
+        refused = not_traceable(e) if code == grpc.StatusCode.NOT_FOUND else None
+        if refused is not None:
+            raise NotTraceable(details, tuple(refused.pids), tuple(refused.ranks)) from None
+        raise CaptureRefused(code, details) from None
+    finally:
+        channel.close()
+
+
+def not_traceable(err: grpc.RpcError) -> pb.NotTraceable | None:
+    """The pb.NotTraceable in a call's rich status (google.rpc.Status details), if it carries one."""
+    try:
+        status = rpc_status.from_call(err)  # type: ignore[arg-type] - a failed call is a grpc.Call
+    except ValueError:  # details that contradict the call's own code or message: none to trust
+        return None
+    for detail in status.details if status is not None else ():
+        if detail.Is(pb.NotTraceable.DESCRIPTOR):
+            found = pb.NotTraceable()
+            detail.Unpack(found)
+            return found
+    return None
+
+
 def report_summary(r: pb.DiagnosticReport) -> str:
     """One line: what failed, on what, and what would fix it."""
     failed = sorted({x.test for x in r.results if x.status == pb.RESULT_FAIL})
     suspects = ", ".join(list(r.suspects)[:4]) + (f" +{len(r.suspects) - 4} more" if len(r.suspects) > 4 else "")
-    action = action_name(r.action)
+    action = action_of(r.action).name
     return f"{','.join(failed) or 'tests'} failed on {suspects or 'the node'} (action {action})"
