@@ -52,3 +52,152 @@ def test_the_running_daemon_loads_no_torch_no_recorder_and_no_kubernetes() -> No
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# The layers of the README's "Layout", bottom first. A module may import modules of its own group and of any
+# group on a lower level, never a group beside it or above it. Groups are module-name prefixes (`=name`: that
+# module alone); every module of the tree must fall in one (a new module is placed on purpose).
+LAYERS: list[dict[str, tuple[str, ...]]] = [
+    {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.paths", "robustd.roots",
+                    "robustd.yamlpos", "robustd.bounds", "robustd.identity", "robustd.inventory", "robustd.traffic",
+                    "robustd.cpuinfo", "robustd.sdnotify", "robustd.relay", "robustd.startup", "robustd.api.v1",
+                    "robustd.nvmlemu", "robustd.stragglers", "robustd.fleet",
+                    "robustd.cli.args")},  # the command-line pieces every console script shares (--help examples)
+    {"contracts": ("robustd.codes", "robustd.check", "robustd.config", "robustd.sections", "robustd.tls",
+                   "robustd.triage")},
+    # made (a finding), judged (a condition), stored (an event): three pieces that know nothing of each other
+    {"made": ("checks",), "judged": ("robustd.policy",),
+     "stored": ("robustd.store", "robustd.writer", "robustd.journal", "robustd.shelf")},
+    {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset", "robustd.diagnostics",
+              "robustd.tracer", "robustd.reload", "robustd.authz")},
+    {"served": ("robustd.api", "robustd.metrics", "robustd.metrics_http", "robustd.server", "robustd.daemon")},
+    # what a client of the API is made of: the adapters' common base, robustctl's views and verbs
+    {"clients' base": ("robustd.adapters.common", "robustd.adapters", "robustd.cli")},
+    # each adapter on the common base, never on another adapter
+    {"slurm": ("robustd.adapters.slurm",), "k8s": ("robustd.adapters.k8s",)},
+    # robustctl itself: every verb, the Slurm hooks among them (`robustctl slurm`)
+    {"robustctl": ("robustd.cli.robustctl", "robustd.cli.slurm")},
+]
+STOP_TIME_CHILDREN = ("stoptests",)  # child processes: the stdlib, torch and their own package only
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of robustd/, checks/ and stoptests/ and the tree's modules it imports (at any depth of the
+    file: a late import is an import too); `from pkg import name` counts as importing pkg.name when that is a
+    module."""
+    files = {}
+    for top in ("robustd", "checks", *STOP_TIME_CHILDREN):
+        for p in (REPO / top).rglob("*.py"):
+            if "_pb2" in p.name:
+                continue
+            parts = list(p.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            files[".".join(parts)] = p
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(filter(None, (resolve(a.name) for a in node.names)))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for a in node.names:
+                    target = resolve(f"{base}.{a.name}") if f"{base}.{a.name}" in files else resolve(base)
+                    if target:
+                        deps.add(target)
+        deps.discard(mod)
+        graph[mod] = deps
+    return graph
+
+
+def _place(mod: str) -> tuple[int, str] | None:
+    """(level, group) of a module: the group with the longest prefix that covers it."""
+    best: tuple[int, int, str] | None = None
+    for level, groups in enumerate(LAYERS):
+        for group, prefixes in groups.items():
+            for prefix in prefixes:
+                exact = prefix.startswith("=")
+                name = prefix.removeprefix("=")
+                covers = mod == name or (not exact and mod.startswith(name + "."))
+                if covers and (best is None or len(name) > best[0]):
+                    best = (len(name), level, group)
+    return None if best is None else (best[1], best[2])
+
+
+def test_imports_go_down_the_layers_only() -> None:
+    graph = _module_graph()
+    unplaced = sorted(m for m in graph if _place(m) is None and not m.startswith(STOP_TIME_CHILDREN))
+    assert not unplaced, f"modules in no layer of tests/test_layout.py (place them): {unplaced}"
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        if mod.startswith(STOP_TIME_CHILDREN):
+            bad += [f"{mod} -> {d} (a stop-time child imports only its own package)" for d in sorted(deps)
+                    if not d.startswith(STOP_TIME_CHILDREN)]
+            continue
+        here = _place(mod)
+        assert here is not None
+        for dep in sorted(deps):
+            there = _place(dep)
+            if there is None or there == here or there[0] < here[0]:
+                continue
+            side = "beside" if there[0] == here[0] else "above"
+            bad.append(f"{mod} ({here[1]}) -> {dep} ({there[1]}, {side} it)")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_no_circle_of_imports() -> None:
+    graph = _module_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_named_boundaries_hold() -> None:
+    """The boundaries issue 25 named, spelt out so a message says which one broke."""
+    graph = _module_graph()
+    rules = [("robustd.config", ("robustd.adapters", "robustd.diagnostics")),
+             ("robustd.policy", ("robustd.store",)),
+             ("robustd.adapters.k8s", ("robustd.adapters.slurm",)),
+             ("robustd.adapters.slurm", ("robustd.adapters.k8s",))]
+    bad = [f"{mod} -> {dep}" for mod, deps in graph.items() for prefix, banned in rules
+           if mod == prefix or mod.startswith(prefix + ".") for dep in deps if dep.startswith(banned)]
+    assert not bad, bad
