@@ -32,7 +32,7 @@ from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.authz import Authorizer
 from robustd.check import Check, CheckConfig, CheckContext
-from robustd.checkset import BUILTIN_CODES, discover_checks  # noqa: F401 - importable from here, as before
+from robustd.checkset import discover_checks
 from robustd.cli.args import examples
 from robustd.config import ConfigError, Schema, Settings, load_config, parse_config
 from robustd.cpuinfo import cpu_model
@@ -44,7 +44,7 @@ from robustd.policy import Policy
 from robustd.roots import DEFAULT_CONFIG, read_boot_id
 from robustd.runner import Runner, on_grid
 from robustd.sdnotify import Notifier, fatal, setup_logging
-from robustd.startup import StartError, check_port, lock_state_dir, prepare_socket_path  # noqa: F401
+from robustd.startup import StartError, lock_state_dir, prepare_socket_path
 from robustd.store import Store
 from robustd.writer import ThreadWriter
 
@@ -57,7 +57,6 @@ TICK = 0.5
 PRUNE_EVERY = 60.0
 SHUTDOWN_BUDGET = 1.5  # seconds for an orderly stop, all steps together
 SHUTDOWN_BACKSTOP = 8.0  # if the stop itself hangs (a call that ignores every limit), exit anyway
-_prepare_socket_path = prepare_socket_path  # the name it had here
 
 
 class Daemon:
