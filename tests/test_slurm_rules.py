@@ -21,9 +21,7 @@ from robustd.adapters.common.statefile import LockTimeout
 from robustd.adapters.slurm.actor import Actor
 from robustd.adapters.slurm.agent import Agent
 from robustd.adapters.slurm.config import SlurmConfig
-from robustd.adapters.slurm.hooks import job_failed
-from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, AgentStateFile, DrainRecord, NodeView, SelfCheck
-from robustd.adapters.slurm.rules import (
+from robustd.adapters.slurm.decide import (
     REASON_MAX,
     Do,
     Health,
@@ -34,6 +32,8 @@ from robustd.adapters.slurm.rules import (
     decide,
     self_checked,
 )
+from robustd.adapters.slurm.hooks import job_failed
+from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, AgentStateFile, DrainRecord, NodeView, SelfCheck
 from robustd.adapters.slurm.slurmcli import (
     Completed,
     NodeNotFound,
@@ -531,7 +531,7 @@ def test_a_pass_drains_and_records(tmp_path: Path) -> None:
     a = actor(tmp_path, fake)
     r = a.step(health(XID))
     assert r.acted and fake.calls[-1] == ("drain", "n1", "robustd: XID_79 on gpu/0000:3b:00.0 (action REBOOT, seq 12)")
-    assert a.store.read().drain is not None
+    assert a.state_file.read().drain is not None
 
 
 def test_a_pass_never_overwrites_a_reason_set_between_its_read_and_its_write(tmp_path: Path) -> None:
@@ -546,7 +546,7 @@ def test_a_failed_drain_changes_nothing_and_is_redone_by_the_next_pass(tmp_path:
     a = actor(tmp_path, fake)
     fake.fail = "write"
     r = a.step(health(XID))
-    assert r.error and a.store.read().drain is None
+    assert r.error and a.state_file.read().drain is None
     fake.fail = ""
     assert a.step(health(XID)).acted and fake.calls[-1][0] == "drain"
 
@@ -559,11 +559,11 @@ def test_a_suppressed_drain_is_recorded_once_with_its_start(tmp_path: Path, capl
     a.clock = lambda: NOW + 60
     r = a.step(health(XID))
     assert r.suppressed is not None and not any(c[0] == "drain" for c in fake.calls)
-    saved = a.store.read().suppressed
+    saved = a.state_file.read().suppressed
     assert saved is not None and saved.since == NOW
     assert caplog.text.count("SLURM_DRAIN_SUPPRESSED") == 1
     a.step(health())
-    assert a.store.read().suppressed is None and "SLURM_DRAIN_SUPPRESSED cleared" in caplog.text
+    assert a.state_file.read().suppressed is None and "SLURM_DRAIN_SUPPRESSED cleared" in caplog.text
 
 
 def test_passes_from_two_threads_drain_once(tmp_path: Path) -> None:

@@ -55,10 +55,10 @@ class Agent(WatchAgent):
         self.cfg: K8sConfig = settings.section("k8s")
         self.socket: str = c.listen.unix
         self.node = node_name(self.cfg)
-        self.store = K8sStateFile(state_path(settings))
+        self.state_file = K8sStateFile(state_path(settings))
         self.state = K8sState()
         self.clock = clock
-        self.reconciler = Reconciler(self.cfg, kube, self.node, self.store, self.state, clock)
+        self.reconciler = Reconciler(self.cfg, kube, self.node, self.state_file, self.state, clock)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()
         self.stream: WatchStream | None = None
@@ -80,14 +80,14 @@ class Agent(WatchAgent):
         self.state.table = table
 
     def _resume(self) -> None:
-        saved = self.store.read()
+        saved = self.state_file.read()
         if saved.node in ("", self.node):
             self.state.__dict__.update(saved.__dict__)  # the reconciler holds this object
         self.state.node = self.node
         if self.table is not None:
             self.saved_seq = self.table.seq
         log.info("robustd-k8s %s: Node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
-                 self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
+                 self.state_file.path, f", resuming after seq {self.table.seq}" if self.table else "")
 
     def _turn(self) -> None:
         if self.stream is None and time.monotonic() >= self.next_connect:

@@ -61,7 +61,7 @@ class Reconciler:
     cfg: K8sConfig
     kube: Kube
     node: str
-    store: K8sStateFile
+    state_file: K8sStateFile
     state: K8sState
     clock: Callable[[], float] = time.time
     rng: random.Random = field(default_factory=random.Random)
@@ -329,6 +329,6 @@ class Reconciler:
 
     def save(self) -> None:
         try:
-            self.store.write(self.state)  # type: ignore[arg-type]
+            self.state_file.write(self.state)  # type: ignore[arg-type]
         except OSError as e:
-            log.error("cannot save the state file %s: %s", self.store.path, e)
+            log.error("cannot save the state file %s: %s", self.state_file.path, e)

@@ -1,4 +1,4 @@
-"""One pass of the rules against the real Slurm: read the node, decide, check the breaker, act, record.
+"""One pass of the decisions against the real Slurm: read the node, decide, check the breaker, act, record.
 
 The agent runs a pass on every fault change, on its timers and at every reconcile; the robustctl
 hooks run exactly one. A pass holds the state lock throughout, reads the state file afresh, and
@@ -16,8 +16,7 @@ from typing import Callable
 
 from robustd.adapters.common.model import Table
 from robustd.adapters.slurm.config import SlurmConfig
-from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView, SelfCheck, Suppression
-from robustd.adapters.slurm.rules import (
+from robustd.adapters.slurm.decide import (
     Do,
     Health,
     Plan,
@@ -29,6 +28,7 @@ from robustd.adapters.slurm.rules import (
     self_checked,
     suppressed,
 )
+from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView, SelfCheck, Suppression
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 
 log = logging.getLogger("robustd.slurm")
@@ -49,11 +49,11 @@ class Result:
 
 @dataclass(eq=False)
 class Actor:
-    """Applies the Slurm rules to one node, a step at a time, under the state file's lock."""
+    """Applies the Slurm decisions to one node, a step at a time, under the state file's lock."""
 
     cfg: SlurmConfig
     slurm: Slurm
-    store: AgentStateFile
+    state_file: AgentStateFile
     node_name: str
     clock: Callable[[], float] = time.time
     lock_timeout: float = 60.0
@@ -61,9 +61,9 @@ class Actor:
     _last_warning: str = field(default="", init=False)
 
     def step(self, h: Health, table: Table | None = None) -> Result:
-        """Apply the rules once. SlurmError (the node could not be read) and LockTimeout propagate."""
-        with self.store.locked(self.lock_timeout):
-            st = self.store.read()
+        """Decide and act once. SlurmError (the node could not be read) and LockTimeout propagate."""
+        with self.state_file.locked(self.lock_timeout):
+            st = self.state_file.read()
             st.node = self.node_name
             if table is not None:
                 st.table = table
@@ -75,8 +75,8 @@ class Actor:
 
     def record_self_check(self, h: Health, result: SelfCheck, table: Table | None = None) -> Result:
         """Store the resume check's outcome; a FAIL rewrites the reason with the report id (the node stays out)."""
-        with self.store.locked(self.lock_timeout):
-            st = self.store.read()
+        with self.state_file.locked(self.lock_timeout):
+            st = self.state_file.read()
             if table is not None:
                 st.table = table
             plan, st = self_checked(self.cfg, st, result)
@@ -86,8 +86,8 @@ class Actor:
 
     def diagnosis(self, h: Health, report_id: str, summary: str, job: str) -> Result:
         """The epilog's diagnostics FAILed: drain with the report id (breaker first), unless already out."""
-        with self.store.locked(self.lock_timeout):
-            st = self.store.read()
+        with self.state_file.locked(self.lock_timeout):
+            st = self.state_file.read()
             st.node = self.node_name
             node = self.slurm.node(self.node_name)
             plan = diagnosis_plan(self.cfg, node, report_id, summary, job)
@@ -95,11 +95,11 @@ class Actor:
             return self._carry_out(plan, st, h, node, self.clock())
 
     def save_table(self, table: Table) -> None:
-        with self.store.locked(self.lock_timeout):
-            st = self.store.read()
+        with self.state_file.locked(self.lock_timeout):
+            st = self.state_file.read()
             st.node = st.node or self.node_name
             st.table = table
-            self.store.write(st)
+            self.state_file.write(st)
 
     def _carry_out(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:
         result = self._act(plan, st, h, node, now)
@@ -107,7 +107,7 @@ class Actor:
         if st.suppressed is None and self._last_warning:
             log.info("SLURM_DRAIN_SUPPRESSED cleared")
             self._last_warning = ""
-        self.store.write(st)
+        self.state_file.write(st)
         return result
 
     def _act(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:

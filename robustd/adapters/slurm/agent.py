@@ -35,8 +35,8 @@ from robustd.adapters.common.statefile import LockTimeout
 from robustd.adapters.common.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
 from robustd.adapters.slurm.actor import Actor
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
+from robustd.adapters.slurm.decide import Do, Health, assess
 from robustd.adapters.slurm.model import AgentStateFile, SelfCheck
-from robustd.adapters.slurm.rules import Do, Health, assess
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
 
 log = logging.getLogger("robustd.slurm")
@@ -60,9 +60,9 @@ class Agent(WatchAgent):
         self.cfg: SlurmConfig = settings.section("slurm")
         self.socket: str = c.listen.unix
         self.node = node_name(self.cfg)
-        self.store = AgentStateFile(state_path(settings))
+        self.state_file = AgentStateFile(state_path(settings))
         self.slurm = slurm or Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
-        self.actor = Actor(self.cfg, self.slurm, self.store, self.node)
+        self.actor = Actor(self.cfg, self.slurm, self.state_file, self.node)
         self.diag_timeout = float(c.diagnostics.timeout)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()
@@ -86,12 +86,12 @@ class Agent(WatchAgent):
     # --- the loop -------------------------------------------------------------------------------
 
     def _resume(self) -> None:
-        saved = self.store.read()
+        saved = self.state_file.read()
         if saved.table is not None and saved.node in ("", self.node):
             self.table = saved.table
             self.saved_seq = saved.table.seq
         log.info("robustd-slurm %s: Slurm node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
-                 self.store.path, f", resuming after seq {self.table.seq}" if self.table else "")
+                 self.state_file.path, f", resuming after seq {self.table.seq}" if self.table else "")
 
     def _turn(self) -> None:
         now = time.monotonic()
@@ -154,7 +154,7 @@ class Agent(WatchAgent):
         return assess(list(self.table.conditions.values()), self.cfg, self.table.seq, self.table.boot_id)
 
     def _pass(self, h: Health, summary: tuple[bool, int, str]) -> None:
-        """One pass of the rules; every timer that was due is consumed (a failure sets the retry timer)."""
+        """One pass of the decisions; every timer that was due is consumed (a failure sets the retry timer)."""
         now = time.monotonic()
         self.wake_at = None
         self.next_retry = None
@@ -211,7 +211,7 @@ class Agent(WatchAgent):
             self.actor.record_self_check(h, result, table=self.table)
         except (SlurmError, LockTimeout) as e:
             self._error(f"recording the self-check: {e}")
-        self.summary = None  # PASS: the next turn resumes (the rules decide); else look again later
+        self.summary = None  # PASS: the next turn resumes (decide.py says when); else look again later
 
     def _save_position(self) -> None:
         if self.table is None or self.table.seq == self.saved_seq:
@@ -224,7 +224,7 @@ class Agent(WatchAgent):
             self.saved_seq = self.table.seq
             self.last_save = now
         except (OSError, LockTimeout) as e:
-            self._error(f"cannot save the state file {self.store.path}: {e}")
+            self._error(f"cannot save the state file {self.state_file.path}: {e}")
 
     def _status(self, st: Any) -> None:
         if st is None:
@@ -253,7 +253,7 @@ class Agent(WatchAgent):
                 self.actor.lock_timeout = 2.0
                 self.actor.save_table(self.table)
             except (OSError, LockTimeout) as e:
-                log.error("cannot save the state file %s at exit: %s", self.store.path, e)
+                log.error("cannot save the state file %s at exit: %s", self.state_file.path, e)
         log.info("robustd-slurm stopped (watch position seq %s)", self.table.seq if self.table else 0)
 
 

@@ -1,12 +1,12 @@
 """What slurmd runs: `robustctl slurm healthcheck | prolog | epilog`, and the operator's `robustctl slurm status`.
 
 Each hook reads the same config file and shares the agent's state file (hold-down, flap counts,
-what robustd drained), applies the same rules once, and fails open: when robustd cannot be
+what robustd drained), applies the same decisions once, and fails open: when robustd cannot be
 reached, the config cannot be read or anything else goes wrong, it changes nothing and lets the
 job run (exit 0), because a hook that failed closed would drain or block a whole fleet at once.
 
 - healthcheck (HealthCheckProgram): the cached verdict (GetVerdict; never runs diagnostics), one
-  pass of the rules; always exits 0 and ends within `slurm.hook_timeout` (Slurm kills it at 60 s).
+  pass of the decisions; always exits 0 and ends within `slurm.hook_timeout` (Slurm kills it at 60 s).
 - prolog (Prolog): drains the node itself with robustd's reason when the rules would, and exits 1
   so that slurmd refuses the job (Slurm requeues it, held, and keeps the node drained); 0 otherwise.
 - epilog (Epilog): after a failed job (SLURM_JOB_EXIT_CODE non-zero) first triages its logs
@@ -41,9 +41,9 @@ from robustd.adapters.common.watch import load_settings
 from robustd.adapters.slurm.actor import Actor, Result
 from robustd.adapters.slurm.agent import node_name, state_path
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
+from robustd.adapters.slurm.decide import Health, assess, fault_text, recent_resumes, respected
 from robustd.adapters.slurm.hung_job import JOB_ID, capture_hang
 from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView
-from robustd.adapters.slurm.rules import Health, assess, fault_text, recent_resumes, respected
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 from robustd.roots import DEFAULT_DEV, DEFAULT_PROC
 
@@ -75,8 +75,9 @@ class Hook:
         self.rpc_timeout = rpc_timeout
         self.slurm = Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
         self.slurm.deadline = self.deadline
-        self.store = AgentStateFile(state_path(self.settings))
-        self.actor = Actor(self.cfg, self.slurm, self.store, self.node, lock_timeout=max(0.1, self.remaining() / 2))
+        self.state_file = AgentStateFile(state_path(self.settings))
+        self.actor = Actor(self.cfg, self.slurm, self.state_file, self.node,
+                           lock_timeout=max(0.1, self.remaining() / 2))
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -444,7 +445,7 @@ def read_owned(path: str, tail: int, uid: int) -> tuple[LogText, tuple[int, int]
 
 def status(hook: Hook, as_json: bool) -> int:
     """What robustd-slurm did to this node and why, beside Slurm's own view of it."""
-    st = hook.store.read()
+    st = hook.state_file.read()
     node: NodeView | None = None
     slurm_error = ""
     try:

@@ -1,4 +1,4 @@
-"""The Slurm rules as pure functions: what to do with this node, given its verdict, Slurm's view and our state.
+"""The Slurm decisions as pure functions: what to do with this node, given its verdict, Slurm's view and our state.
 
 Ownership is the whole safety story. robustd owns a node's drain only while the node's reason
 starts with `slurm.reason_prefix`: it never drains a node someone else took out, never rewrites
