@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from robustd import bounds
 from robustd.codes import CodeTable, Meaning
+from robustd.hub import Hub, Subscriber
 from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Report, Severity
 from robustd.policy import Policy
 from robustd.store import Store, iter_batches
@@ -55,49 +55,6 @@ def compact(events: list[Event]) -> list[Event]:
         else:
             last_update.pop(key, None)
     return [ev for i, ev in enumerate(events) if i not in superseded]
-
-
-@dataclass(eq=False)
-class Subscriber:
-    """One Watch stream's mailbox. On overflow it is marked lagged and re-reads the log; `closed` ends the
-    stream (the daemon is stopping: clients resume by seq)."""
-
-    queue: asyncio.Queue[Event] = field(default_factory=lambda: asyncio.Queue(maxsize=1024))
-    lagged: bool = False
-    closed: bool = False
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class Hub:
-    def __init__(self) -> None:
-        self.subscribers: set[Subscriber] = set()
-        self.closed = False
-
-    def subscribe(self) -> Subscriber:
-        s = Subscriber(closed=self.closed)
-        self.subscribers.add(s)
-        return s
-
-    def unsubscribe(self, s: Subscriber) -> None:
-        self.subscribers.discard(s)
-
-    def publish(self, events: list[Event]) -> None:
-        for s in self.subscribers:
-            for ev in events:
-                if s.lagged:
-                    break
-                try:
-                    s.queue.put_nowait(ev)
-                except asyncio.QueueFull:
-                    s.lagged = True
-            s.wake.set()
-
-    def close(self) -> None:
-        """End every stream (and any that starts from now on)."""
-        self.closed = True
-        for s in self.subscribers:
-            s.closed = True
-            s.wake.set()
 
 
 class PolicySettings(Protocol):
