@@ -130,11 +130,9 @@ class Daemon:
             log.error("state_dir %s: the event log cannot be written (%s); serving verdicts from memory and "
                       "retrying every second", cfg.state_dir, self.store.open_error)
         if self.store.meta("boot_id") != self.boot_id:
-            cleared = self.policy.reboot(time.time())
-            self.engine.commit_events(cleared)
+            cleared = self.engine.reboot(self.boot_id)
             log.info("boot id is %s (new boot); cleared %d conditions of the previous boot", self.boot_id,
                      len(cleared))
-            self.store.set_meta("boot_id", self.boot_id)
         self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
         self.diag = DiagnosticsManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name,
                                        cfg.state_dir, self._gpu_inventory, cpu_model(self.settings.roots()))

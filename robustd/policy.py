@@ -141,10 +141,11 @@ class Policy:
         """Adopt the conditions committed before a restart; their hold-downs restart now.
 
         All of them stand again even past the caps (a lowered cap folds new findings only); rows
-        written before conditions were bounded are bounded here.
+        written before conditions were bounded are bounded here. Their seqs stay behind: seqs are the
+        journal's (robustd/journal.py), and the policy's conditions carry none.
         """
         for c in conditions:
-            c = bounds.condition(c)
+            c = replace(bounds.condition(c), seq=0, changed_at=0.0)
             if c.key in self.conditions:
                 continue
             self.conditions[c.key] = c
@@ -194,10 +195,15 @@ class Policy:
         A fold-over is acknowledged like any condition (`gpu/*` and its code); its components'
         next findings raise their own conditions again while there is room.
         """
-        key = (bounds.token(component, bounds.MAX_COMPONENT), bounds.token(code, bounds.MAX_CODE))
+        key = self._key(component, code)
         if key not in self.conditions:
             raise KeyError(key)
         return self._clear(key, now, {"cleared_by": "acknowledge", "reason": reason})
+
+    def stands(self, component: str, code: str) -> bool:
+        """Whether a condition stands for (component, code), keyed as the policy keys findings. Safe from any
+        thread: one dict lookup."""
+        return self._key(component, code) in self.conditions
 
     def tick(self, now: float) -> list[Event]:
         """Time passing: hold-downs expire, coalesced repeats go out, tolerated states escalate."""
@@ -220,16 +226,12 @@ class Policy:
                 events.append(self._update(key, c, now))
         return events
 
-    def committed(self, events: Iterable[Event]) -> None:
-        """Record the seqs the store gave; a cleared condition is gone for good."""
-        for ev in events:
-            key = ev.condition.key
-            if ev.kind is EventKind.CLEARED:
-                continue
-            if key in self.conditions:
-                self.conditions[key] = self.conditions[key].with_seq(ev.seq, ev.at)
-
     # -- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _key(component: str, code: str) -> Key:
+        """A caller's (component, code) as findings are keyed (bounds.finding)."""
+        return bounds.token(component, bounds.MAX_COMPONENT), bounds.token(code, bounds.MAX_CODE)
+
     def _one(self, f: Finding, source: str, now: float) -> Event | None:
         key = (f.component, f.code)
         existing = self.conditions.get(key)

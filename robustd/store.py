@@ -49,6 +49,8 @@ CREATE INDEX IF NOT EXISTS diagnostic_reports_started ON diagnostic_reports (sta
 CREATE TABLE IF NOT EXISTS goldens (key TEXT PRIMARY KEY, digest TEXT NOT NULL, report_id TEXT NOT NULL,
                                     at REAL NOT NULL);
 """
+_NO_END = (1 << 63) - 1  # the largest seq SQLite can hold: "no upper bound"
+Side = dict[tuple[str, str], tuple[Any, ...]]  # (kind, key) -> the values of one side write (_SIDE_WRITES)
 
 
 def condition_to_json(c: Condition) -> str:
@@ -312,16 +314,18 @@ class Store:
         rows = self._rows("SELECT MIN(seq) FROM events")
         return int(rows[0][0] or 0) if rows else 0
 
-    def events_after(self, seq: int, limit: int = 500) -> list[Event]:
-        rows = self._rows("SELECT seq, at, kind, condition FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
-                          (seq, limit))
+    def events_after(self, seq: int, limit: int = 500, through: int | None = None) -> list[Event]:
+        """Up to `limit` events after `seq` (and up to `through`, if given), in seq order."""
+        upto = _NO_END if through is None else through
+        rows = self._rows("SELECT seq, at, kind, condition FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                          (seq, upto, limit))
         return [self._event(r) for r in rows]
 
     def query(self, *, since: float | None, component: str, min_severity: int, limit: int,
-              after_seq: int) -> list[Event]:
-        """The newest `limit` matching events, oldest first."""
-        sql = "SELECT seq, at, kind, condition FROM events WHERE seq > ? AND severity >= ?"
-        args: list[Any] = [after_seq, min_severity]
+              after_seq: int, through: int | None = None) -> list[Event]:
+        """The newest `limit` matching events (up to seq `through`, if given), oldest first."""
+        sql = "SELECT seq, at, kind, condition FROM events WHERE seq > ? AND seq <= ? AND severity >= ?"
+        args: list[Any] = [after_seq, _NO_END if through is None else through, min_severity]
         if since is not None:
             sql += " AND at >= ?"
             args.append(since)
@@ -398,10 +402,12 @@ class _Tx:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
-def iter_batches(store: Store, after: int, batch: int = 500) -> Iterator[list[Event]]:
-    """Every event after `after`, in seq order, a batch at a time."""
+def iter_batches(store: Store, after: int, batch: int = 500,
+                 through: Callable[[], int] | None = None) -> Iterator[list[Event]]:
+    """Every event after `after`, in seq order, a batch at a time; only up to `through()` (asked per batch)
+    if given."""
     while True:
-        evs = store.events_after(after, batch)
+        evs = store.events_after(after, batch, None if through is None else through())
         if not evs:
             return
         yield evs
