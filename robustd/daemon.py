@@ -31,6 +31,7 @@ from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.authz import Authorizer
+from robustd.boots import BootHistory
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import BUILTIN_CODES, discover_checks  # noqa: F401 - importable from here, as before
 from robustd.cli.args import examples
@@ -122,7 +123,7 @@ class Daemon:
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
         table = checkset.code_table(self.runner.states, self.settings)
-        self.policy = Policy(table, self.boot_id, prior_boots=self.store.boots_with)
+        self.policy = Policy(table, self.boot_id, boots=BootHistory(self.store.raised_in_boots()))
         self.policy.configure(table, cfg.policy)
         self.policy.load(self.store.conditions(), time.time())
         self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()))

@@ -142,7 +142,8 @@ class Engine:
         self.hub = Hub()
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
         self._shown: dict[tuple[str, str], tuple[Condition, tuple[int, float], Condition]] = {}  # see snapshot
-        self.journal = Journal(store, clock, writer, on_trouble=self._trouble, on_written=self._written)
+        self.journal = Journal(store, clock, writer, on_trouble=self._trouble, on_written=self._written,
+                               on_pruned=policy.pruned)
         self.view = EngineView(self)  # what readers get: never the policy, the journal or the hub themselves
         store.wants_flush = self.journal.flush
 
@@ -172,7 +173,7 @@ class Engine:
 
     def reboot(self, boot_id: str) -> list[Event]:
         """The log last saw another boot: clear every condition of an earlier boot and record `boot_id`."""
-        events = self.policy.reboot(self.clock())
+        events = self.policy.reboot(self.clock(), boot_id)
         self.journal.append(events)
         self.store.set_meta("boot_id", boot_id)
         return events
@@ -193,6 +194,7 @@ class Engine:
 
     # -- what the journal reports --------------------------------------------------------------
     def _written(self, done: list[Event]) -> None:
+        self.policy.logged(done)
         self.hub.publish(done)
         for listener in self.listeners:
             listener(done)

@@ -73,12 +73,14 @@ class Journal:
     def __init__(self, store: Store, clock: Callable[[], float] = time.time,
                  writer: InlineWriter | ThreadWriter | None = None, *,
                  on_trouble: Trouble = lambda reason: [],
-                 on_written: Callable[[list[Event]], None] = lambda done: None):
+                 on_written: Callable[[list[Event]], None] = lambda done: None,
+                 on_pruned: Callable[[int], None] = lambda through: None):
         self.store = store
         self.clock = clock
         self.writer = writer or InlineWriter()
         self.on_trouble = on_trouble  # the log's trouble (a reason) or its end (None) -> events to hold
         self.on_written = on_written  # events just committed, with their seqs, in order
+        self.on_pruned = on_pruned  # retention deleted every event up to this seq
         self.backlog: list[Event] = []  # decided, not yet on disk
         self._cursors: dict[str, Mapping[str, str]] = {}
         self._writing = 0  # how many of backlog's first events the write in flight carries (0: none in flight)
@@ -276,7 +278,9 @@ class Journal:
             self._last_error_log = now
         self.backlog.extend(self._held(self.on_trouble(reason)))
 
-    def _pruned(self, result: Any, err: BaseException | None) -> None:
+    def _pruned(self, through: Any, err: BaseException | None) -> None:
         self._pruning = False
         if err is not None:  # a full disk must not stop the ticks (and the watchdog)
             log.error("event log retention could not run: %s", err)
+        elif through:
+            self.on_pruned(int(through))

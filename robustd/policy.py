@@ -41,15 +41,15 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from robustd import bounds
+from robustd.boots import BootHistory
 from robustd.codes import CodeTable, Meaning
 from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Severity
 
 Key = tuple[str, str]
 RECENT_KEEP = 7 * 86400.0  # how long occurrence times of a cleared condition count toward `tolerate`
-PriorBoots = Callable[[str, str, str], int]  # (component, code, current boot) -> earlier boots it was seen in
 
 CATCH_ALL: Key = ("*", "CONDITIONS_OVERFLOW")
 FOLD_EXAMPLES = 3  # components (and, for the catch-all, codes) a fold-over names
@@ -119,7 +119,7 @@ class Policy:
     default_clear_after: float = 300.0
     update_interval: float = 1.0
     escalate_after_reboots: int = 2
-    prior_boots: PriorBoots = lambda component, code, boot: 0  # noqa: E731
+    boots: BootHistory = field(default_factory=BootHistory)  # in which boots each fault was raised (the log's)
     max_conditions_per_code: int = 64  # policy.max_conditions_per_code
     max_conditions: int = 1000  # policy.max_conditions
     max_foldovers: int = 64  # fold-over conditions standing at once (the catch-all comes on top)
@@ -159,8 +159,11 @@ class Policy:
             self._tracks[c.key] = _Track(meaning=meaning, seen_at=max(c.last_seen, now), last_event_at=now,
                                          earned=c.severity >= meaning.severity)
 
-    def reboot(self, now: float) -> list[Event]:
-        """The boot id changed: clear every condition from an earlier boot before anyone asks."""
+    def reboot(self, now: float, boot_id: str | None = None) -> list[Event]:
+        """The boot id changed (to `boot_id`, if given): clear every condition from an earlier boot before
+        anyone asks."""
+        if boot_id is not None:
+            self.boot_id = bounds.token(boot_id, bounds.MAX_BOOT_ID)
         return [self._clear(k, now, {"cleared_by": "reboot", "new_boot_id": self.boot_id})
                 for k, c in list(self.conditions.items()) if c.boot_id != self.boot_id]
 
@@ -226,6 +229,16 @@ class Policy:
                 events.append(self._update(key, c, now))
         return events
 
+    # -- what the event log did ---------------------------------------------------------------
+    def logged(self, events: Iterable[Event]) -> None:
+        """Events the log has committed: the reboot facts follow them (a RAISED now belongs to this boot).
+        The conditions do not: their seqs are the journal's."""
+        self.boots.logged(events)
+
+    def pruned(self, through: int) -> None:
+        """Retention deleted the events up to seq `through`: boots known only from those no longer count."""
+        self.boots.pruned(through)
+
     # -- internals -----------------------------------------------------------------------------
     @staticmethod
     def _key(component: str, code: str) -> Key:
@@ -255,7 +268,7 @@ class Policy:
             evidence = dict(f.evidence)
             n = meaning.escalate_after_reboots
             if n is not None and meaning.action is not Action.HW_INSPECT:
-                earlier = self.prior_boots(f.component, f.code, self.boot_id)
+                earlier = self.boots.earlier(key, self.boot_id)
                 if earlier >= n:
                     action = Action.HW_INSPECT
                     evidence["escalated"] = f"seen in {earlier} earlier boots (limit {n}); was {meaning.action.name}"

@@ -181,7 +181,8 @@ class Store:
         return out
 
     def prune(self, now: float, max_age: float, max_events: int) -> int:
-        """Drop events past retention; remember how far, so a Watch from before gets OUT_OF_RANGE."""
+        """Drop events past retention; remember how far, so a Watch from before gets OUT_OF_RANGE. Returns the
+        seq it pruned through now (0: nothing new was pruned)."""
         self.open()
         db = self._wdb
         assert db is not None
@@ -193,9 +194,9 @@ class Store:
             done = db.execute("SELECT value FROM meta WHERE key = 'pruned_through'").fetchone()
             if upto <= int(done[0] if done else 0):
                 return 0
-            n = db.execute("DELETE FROM events WHERE seq <= ?", (upto,)).rowcount
+            db.execute("DELETE FROM events WHERE seq <= ?", (upto,))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_through', ?)", (str(upto),))
-        return n
+        return upto
 
     # -- side writes: recorded now, written with the next commit ------------------------------
     def set_meta(self, key: str, value: str) -> None:
@@ -339,11 +340,13 @@ class Store:
         args.append(limit)
         return [self._event(r) for r in reversed(self._rows(sql, args))]
 
-    def boots_with(self, component: str, code: str, current_boot: str) -> int:
-        """In how many earlier boots this fault was raised (for reboot escalation)."""
-        rows = self._rows("SELECT COUNT(DISTINCT boot_id) FROM events WHERE component = ? AND code = ?"
-                          " AND kind = ? AND boot_id != ?", (component, code, int(EventKind.RAISED), current_boot))
-        return int(rows[0][0]) if rows else 0
+    def raised_in_boots(self) -> list[tuple[str, str, str, int]]:
+        """(component, code, boot id, newest seq) for every fault and boot with a RAISED in the log, oldest
+        first: what reboot escalation needs (robustd/boots.py), read once at start. As many rows as the log
+        has distinct RAISED faults per boot, so retention bounds it."""
+        rows = self._rows("SELECT component, code, boot_id, MAX(seq) AS newest FROM events WHERE kind = ?"
+                          " GROUP BY component, code, boot_id ORDER BY newest", (int(EventKind.RAISED),))
+        return [(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     @staticmethod
     def _event(row: tuple[Any, ...]) -> Event:
