@@ -38,6 +38,7 @@ from robustd.cli.args import examples
 from robustd.config import ConfigError, Settings, load_config
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
+from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
@@ -135,8 +136,9 @@ class Daemon:
             log.info("boot id is %s (new boot); cleared %d conditions of the previous boot", self.boot_id,
                      len(cleared))
         self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
-        self.diag = DiagnosticsManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name,
-                                       cfg.state_dir, self._gpu_inventory, cpu_model(self.settings.roots()))
+        self.diag = DiagnosticsManager(Shelf(self.store, self.engine.journal), self.engine.view, self.engine.submit,
+                                       lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
+                                       self._gpu_inventory, cpu_model(self.settings.roots()))
         self.diag.recover()
         self._start_metrics()  # before the socket: a port in use fails the start before any client connects
         self.health = health.aio.HealthServicer()

@@ -145,12 +145,6 @@ class Engine:
         self.journal = Journal(store, clock, writer, on_trouble=self._trouble, on_written=self._written,
                                on_pruned=policy.pruned)
         self.view = EngineView(self)  # what readers get: never the policy, the journal or the hub themselves
-        store.wants_flush = self.journal.flush
-
-    @property
-    def reports(self) -> Store:
-        """The diagnostics' shelf for their reports and golden digests (the event log's database file)."""
-        return self.store
 
     def reload(self, table: CodeTable, policy: PolicySettings) -> None:
         """A config reload's part for the engine, in one place: the code table (rule files, policy.codes) and
@@ -172,10 +166,10 @@ class Engine:
         return events
 
     def reboot(self, boot_id: str) -> list[Event]:
-        """The log last saw another boot: clear every condition of an earlier boot and record `boot_id`."""
+        """The log last saw another boot: clear every condition of an earlier boot and record `boot_id`, in one
+        transaction (a crash leaves both or neither)."""
         events = self.policy.reboot(self.clock(), boot_id)
-        self.journal.append(events)
-        self.store.set_meta("boot_id", boot_id)
+        self.journal.append(events, side={("meta", "boot_id"): (boot_id,)})
         return events
 
     async def acknowledge(self, component: str, code: str, reason: str, timeout: float = 5.0) -> Event:

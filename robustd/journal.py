@@ -83,6 +83,7 @@ class Journal:
         self.on_pruned = on_pruned  # retention deleted every event up to this seq
         self.backlog: list[Event] = []  # decided, not yet on disk
         self._cursors: dict[str, Mapping[str, str]] = {}
+        self._side: Side = {}  # keyed writes waiting for a commit; a newer one replaces an older one
         self._writing = 0  # how many of backlog's first events the write in flight carries (0: none in flight)
         self._waiters: dict[int, asyncio.Future[Event]] = {}  # id(event) -> whoever waits for its seq
         self.head = store.head_seq()  # the newest seq written, as told: from here on only commits move it
@@ -107,19 +108,32 @@ class Journal:
             return UNWRITTEN
         return self._seqs.get(key, UNWRITTEN)
 
+    def waiting(self, kind: str) -> dict[str, tuple[Any, ...]]:
+        """The side writes of `kind` not yet on disk, by key (what a reader must see at once)."""
+        return {key: value for (k, key), value in self._side.items() if k == kind}
+
     @property
     def idle(self) -> bool:
         """Nothing held and nothing in flight."""
-        return not (self._writing or self.backlog or self.store.has_side)
+        return not (self._writing or self.backlog or self._side)
 
     # -- inputs ----------------------------------------------------------------------------------
-    def append(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None) -> None:
-        """Hold `events` (in decision order) and cursors, and write them as soon as the log allows."""
+    def append(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None,
+               side: Side | None = None) -> None:
+        """Hold `events` (in decision order), cursors and side writes, and write them as soon as the log allows:
+        all of one call go in the same transaction."""
         self.backlog.extend(self._held(events))
         if cursors:
             self._cursors.update(cursors)
+        if side:
+            self._side.update(side)
         self._compact_held()
-        self.flush()
+        self._flush()
+
+    def put(self, kind: str, key: str, value: tuple[Any, ...]) -> None:
+        """One keyed side write (a kind of store.py's `_SIDE_WRITES`) for the next commit; reads see it at once
+        through `waiting`."""
+        self.append([], side={(kind, key): value})
 
     async def write(self, ev: Event, timeout: float) -> Event:
         """Append `ev` and return it as committed; TimeoutError if the log does not take it within `timeout`
@@ -170,7 +184,7 @@ class Journal:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
-            self.flush()
+            self._flush()
             if self.idle:
                 break
             await asyncio.sleep(0.02)
@@ -189,13 +203,13 @@ class Journal:
         if len(self.backlog) - self._writing > COMPACT_AT:
             self.backlog = self.backlog[:self._writing] + compact(self.backlog[self._writing:])
 
-    def flush(self) -> None:
+    def _flush(self) -> None:
         """Start a write of everything held, unless one is in flight or a failed one waits for its retry."""
-        if self._writing or not (self.backlog or self._cursors or self.store.has_side):
+        if self._writing or not (self.backlog or self._cursors or self._side):
             return
         if self.error and not self._closing and self.clock() < self._retry_at:
             return
-        batch, cursors, side = list(self.backlog), self._cursors, self.store.take_side()
+        batch, cursors, side = list(self.backlog), self._cursors, dict(self._side)
         self._writing, self._cursors = max(len(batch), 1), {}
         extra = {"side": side} if side else {}
         self.writer.run(lambda: self.store.commit(batch, cursors, **extra),
@@ -212,7 +226,9 @@ class Journal:
             self._failed(err or RuntimeError("the write returned nothing"))
             return
         del self.backlog[:len(batch)]
-        self.store.settle_side(side)
+        for key, value in side.items():  # forget what was written, unless it was replaced meanwhile
+            if self._side.get(key) is value:
+                del self._side[key]
         if self.error:
             log.warning("event log writable again: committed %d held events (held for %.0fs)", len(batch),
                         self.clock() - (self.error_since or self.clock()))
@@ -229,7 +245,7 @@ class Journal:
                                            "ACTION": c.action.name, "EVENT": ev.kind.name, "SEQ": ev.seq})
                 if (fut := self._waiters.get(id(before))) is not None and not fut.done():
                     fut.set_result(ev)
-        self.flush()  # what was decided while this write ran
+        self._flush()  # what was decided while this write ran
 
     def _committed(self, done: list[Event]) -> None:
         """The seqs readers show move here, and only here: after the commit returned."""

@@ -75,9 +75,9 @@ class Store:
     reader in WAL mode keeps answering from what is committed.
 
     If the state directory cannot be written at start (a read-only or missing mount), the store opens
-    what it can read (read-only) and every write first retries opening it for writing; the engine holds
-    the events in memory meanwhile. Small keyed writes (diagnostic reports, goldens, metadata) wait in
-    `_side` until a commit carries them, and reads see them at once.
+    what it can read (read-only) and every write first retries opening it for writing; the journal holds
+    the events in memory meanwhile (robustd/journal.py). The store keeps nothing in memory and calls
+    nobody: it reads what is committed and writes what it is handed.
     """
 
     def __init__(self, state_dir: str):
@@ -86,8 +86,6 @@ class Store:
         self.db: sqlite3.Connection | None = None  # reads
         self._wdb: sqlite3.Connection | None = None  # writes (one thread at a time: the writer)
         self.open_error = ""  # why the log is not open for writing; "" once it is
-        self._side: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self.wants_flush: Callable[[], None] | None = None  # set by the engine: side writes wait for its commit
         try:
             self.open()
         except (sqlite3.Error, OSError):
@@ -152,8 +150,9 @@ class Store:
 
     # -- writes (the writer thread) ------------------------------------------------------------
     def commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None,
-               side: Mapping[tuple[str, str], tuple[Any, ...]] | None = None) -> list[Event]:
-        """Write events, cursors and side writes in one transaction; return the events with their seqs."""
+               side: Side | None = None) -> list[Event]:
+        """Write events, cursors and side writes (keyed rows: `_SIDE_WRITES`) in one transaction; return the
+        events with their seqs."""
         self.open()
         db = self._wdb
         assert db is not None
@@ -198,41 +197,6 @@ class Store:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_through', ?)", (str(upto),))
         return upto
 
-    # -- side writes: recorded now, written with the next commit ------------------------------
-    def set_meta(self, key: str, value: str) -> None:
-        self._side_write(("meta", key), (value,))
-
-    def save_report(self, report_id: str, started: float, outcome: str, text: str, keep: int) -> None:
-        """Insert or replace one diagnostic report (its JSON); keep the newest `keep`."""
-        self._side_write(("report", report_id), (started, outcome, text, keep))
-
-    def set_golden(self, key: str, digest: str, report_id: str, at: float) -> None:
-        self._side_write(("golden", key), (digest, report_id, at))
-
-    def _side_write(self, key: tuple[str, str], value: tuple[Any, ...]) -> None:
-        self._side[key] = value
-        if self.wants_flush is not None:
-            self.wants_flush()
-        else:  # no engine drives this store (tools, tests): write at once
-            side = self.take_side()
-            self.commit([], None, side)
-            self.settle_side(side)
-
-    @property
-    def has_side(self) -> bool:
-        """Whether side writes wait for a commit."""
-        return bool(self._side)
-
-    def take_side(self) -> dict[tuple[str, str], tuple[Any, ...]]:
-        """The side writes not yet on disk, for one commit."""
-        return dict(self._side)
-
-    def settle_side(self, written: Mapping[tuple[str, str], tuple[Any, ...]]) -> None:
-        """Forget what a commit wrote, unless it was replaced meanwhile."""
-        for key, value in written.items():
-            if self._side.get(key) is value:
-                del self._side[key]
-
     # -- reads ---------------------------------------------------------------------------------
     def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
         if self.db is None:  # nothing could be opened (no log yet on a read-only disk)
@@ -240,8 +204,7 @@ class Store:
         return self.db.execute(sql, args).fetchall()
 
     def meta(self, key: str) -> str | None:
-        if ("meta", key) in self._side:
-            return str(self._side[("meta", key)][0])
+        """What the log has committed for `key` (a side write still held in the journal is not here yet)."""
         rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
         return None if not rows else str(rows[0][0])
 
@@ -253,24 +216,18 @@ class Store:
         return [condition_from_json(r[0]) for r in self._rows("SELECT condition FROM conditions ORDER BY seq")]
 
     def report(self, report_id: str) -> str | None:
-        """One diagnostic report's JSON."""
-        if ("report", report_id) in self._side:
-            return str(self._side[("report", report_id)][2])
+        """One committed diagnostic report's JSON (robustd/diagnostics/shelf.py adds those still held)."""
         rows = self._rows("SELECT report FROM diagnostic_reports WHERE id = ?", (report_id,))
         return None if not rows else str(rows[0][0])
 
-    def reports(self, limit: int, outcome: str | None = None) -> list[str]:
-        """The newest reports' JSON, newest first; only those with `outcome` (a name) if given."""
-        sql, args = "SELECT id, started, outcome, report FROM diagnostic_reports", [limit + len(self._side)]
+    def reports(self, limit: int, outcome: str | None = None) -> list[tuple[str, float, str, str]]:
+        """The newest committed reports as (id, started, outcome name, JSON), newest first; only those with
+        `outcome` if given."""
+        sql, args = "SELECT id, started, outcome, report FROM diagnostic_reports", [limit]
         if outcome is not None:
             sql, args = sql + " WHERE outcome = ?", [outcome, *args]
-        found = {str(r[0]): (float(r[1]), str(r[2]), str(r[3]))
-                 for r in self._rows(sql + " ORDER BY started DESC LIMIT ?", args)}
-        for (kind, key), value in self._side.items():
-            if kind == "report":
-                found[key] = (float(value[0]), str(value[1]), str(value[2]))
-        rows = sorted(found.values(), key=lambda r: r[0], reverse=True)
-        return [text for _started, out, text in rows if outcome is None or out == outcome][:limit]
+        return [(str(r[0]), float(r[1]), str(r[2]), str(r[3]))
+                for r in self._rows(sql + " ORDER BY started DESC LIMIT ?", args)]
 
     def migrate_reports(self, convert: Callable[[bytes], tuple[str, str] | None]) -> tuple[int, int]:
         """Move the reports an earlier robustd stored (table `diagnostics`, serialized protobuf) into
@@ -298,12 +255,9 @@ class Store:
         return moved, unreadable
 
     def goldens(self) -> list[tuple[str, str, str, float]]:
-        found = {str(r[0]): (str(r[1]), str(r[2]), float(r[3]))
-                 for r in self._rows("SELECT key, digest, report_id, at FROM goldens")}
-        for (kind, key), value in self._side.items():
-            if kind == "golden":
-                found[key] = (str(value[0]), str(value[1]), float(value[2]))
-        return [(k, *found[k]) for k in sorted(found)]
+        """The committed golden digests: (key, digest, report id, recorded at)."""
+        return [(str(r[0]), str(r[1]), str(r[2]), float(r[3]))
+                for r in self._rows("SELECT key, digest, report_id, at FROM goldens ORDER BY key")]
 
     def head_seq(self) -> int:
         return 0 if self.db is None else _head_seq(self.db)
