@@ -140,12 +140,12 @@ class Policy:
     def load(self, conditions: Iterable[Condition], now: float) -> None:
         """Adopt the conditions committed before a restart; their hold-downs restart now.
 
-        All of them stand again even past the caps (a lowered cap folds new findings only); rows
-        written before conditions were bounded are bounded here. Their seqs stay behind: seqs are the
-        journal's (robustd/journal.py), and the policy's conditions carry none.
+        All of them stand again even past the caps (a lowered cap folds new findings only). They come
+        bounded (the store bounds what it reads back, rows of older versions included). Their seqs stay
+        behind: seqs are the journal's (robustd/journal.py), and the policy's conditions carry none.
         """
         for c in conditions:
-            c = replace(bounds.condition(c), seq=0, changed_at=0.0)
+            c = replace(c, seq=0, changed_at=0.0)
             if c.key in self.conditions:
                 continue
             self.conditions[c.key] = c
