@@ -71,6 +71,8 @@ class EngineView:
         return self._engine.snapshot()
 
     async def settled(self, timeout: float = SETTLE_WAIT) -> bool:
+        """Wait (at most `timeout`) until what was decided before this call is written, so an answer from
+        memory carries the seqs the log gave; a stuck or failing disk only delays it by `timeout`."""
         return await self._journal.settled(timeout)
 
     def meaning(self, code: str, severity: Severity | None = None, action: Action | None = None) -> Meaning:
@@ -216,11 +218,6 @@ class Engine:
         return await self.journal.close(timeout)
 
     # -- readers -------------------------------------------------------------------------------
-    async def settled(self, timeout: float = SETTLE_WAIT) -> bool:
-        """Wait (at most `timeout`) until what was decided before this call is written, so an answer from
-        memory carries the seqs the log gave; a stuck or failing disk only delays it by `timeout`."""
-        return await self.journal.settled(timeout)
-
     def snapshot(self) -> tuple[list[Condition], int]:
         """The standing conditions, each with the seq of its last committed change (journal.seq_of), ordered by
         it, and the head seq: read together, from memory, on the event loop.

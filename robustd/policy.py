@@ -1,8 +1,12 @@
 """Findings in, condition changes out: the rules a scheduler needs, and nothing else.
 
 The policy keeps the standing conditions in memory and returns the events each input causes;
-it never touches disk or sockets (the engine commits the events, then publishes them), so it
-is tested with plain lists and a clock.
+it never touches disk or sockets and never waits on them, so it is tested with plain lists and a
+clock. The engine hands its events to the journal, which commits them before anyone is told;
+what the log made of them (seqs) is the journal's, and the policy's conditions carry no seq. The one
+thing the policy learns from the log is the reboot facts (robustd/boots.py: in which boots each
+fault was raised): handed over as data at start, then kept current from the committed events and
+retention (`logged`, `pruned`), never read from SQLite while deciding.
 
 Standing conditions are bounded, because a fault storm (a driver printing garbage bus ids) can
 name any number of components, and every condition is in every GetVerdict:

@@ -1,8 +1,14 @@
 """The event log: every condition change, committed to SQLite (WAL) before anyone hears of it.
 
-Holds the events (strictly increasing seq, never reused), the standing conditions, small
-metadata (the boot id, how far retention has pruned) and the stream checks' cursors — all
-written in one transaction per batch, so a SIGKILL leaves either all of a batch or none.
+Holds the events (strictly increasing seq, never reused: AUTOINCREMENT), the standing conditions,
+small metadata (the boot id, how far retention has pruned), the stream checks' cursors, and the
+diagnostics' reports and golden digests — all that one batch carries is written in one transaction,
+so a SIGKILL leaves either all of a batch or none.
+
+The store is the bottom of a one-way flow: the journal (robustd/journal.py) hands it batches to write
+on the writer thread; at start the daemon and the journal read what they need once (standing
+conditions, cursors, the boot id, reboot facts, the head seq); readers (robustd/engine.py's EngineView,
+the diagnostics' shelf) read committed rows. It holds nothing in memory and calls nothing back.
 """
 
 from __future__ import annotations
