@@ -3,16 +3,21 @@
 Kernel lines, check messages, diagnostic details and operators' acknowledgements all end up in
 conditions, and every condition ends up in an event that the log keeps and the API sends whole
 (Watch, ListEvents, GetVerdict). An event too big to send would be written once and then break
-every reader at its seq, so the limits are applied where a condition is made (the policy) and
-again right before one is written (the store): a stored event always serialises far below the
-API's message limit.
+every reader at its seq, so the limits are applied in two places:
+
+- where data enters the policy (robustd/policy.py): findings, their source, the (component, code)
+  of an acknowledgement, the boot id, and the texts the policy builds itself (merged evidence,
+  fold-over messages, why a condition cleared). Only the policy makes conditions, so every event the
+  engine writes is bounded, and the store writes what it is handed;
+- where a condition is read back from the log (store.condition_from_json), so that rows written by a
+  version before these bounds are sendable too.
 
 The limits below give a condition of at most `MAX_CONDITION_BYTES` serialised (tests check it), so
 the policy's default caps (1,000 conditions, 64 fold-overs and one catch-all: policy.py) make a
 GetVerdict of about 2.2 MB at worst, half of the default 4 MiB `listen.max_message_bytes`.
 
-Every function here is idempotent: bounding a bounded value returns it unchanged, so applying the
-bounds twice (policy, then store) costs little and changes nothing.
+Every function here is idempotent: bounding a bounded value returns it unchanged (the very object,
+for a condition), so a condition that was bounded when made costs one cheap check when read back.
 """
 
 from __future__ import annotations

@@ -31,12 +31,14 @@ from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.authz import Authorizer
+from robustd.boots import BootHistory
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import discover_checks
 from robustd.cli.args import examples
 from robustd.config import ConfigError, Schema, Settings, load_config, parse_config
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
+from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
@@ -121,7 +123,7 @@ class Daemon:
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
         table = checkset.code_table(self.runner.states, self.settings)
-        self.policy = Policy(table, self.boot_id, prior_boots=self.store.boots_with)
+        self.policy = Policy(table, self.boot_id, boots=BootHistory(self.store.raised_in_boots()))
         self.policy.configure(table, cfg.policy)
         self.policy.load(self.store.conditions(), time.time())
         self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()))
@@ -129,14 +131,13 @@ class Daemon:
             log.error("state_dir %s: the event log cannot be written (%s); serving verdicts from memory and "
                       "retrying every second", cfg.state_dir, self.store.open_error)
         if self.store.meta("boot_id") != self.boot_id:
-            cleared = self.policy.reboot(time.time())
-            self.engine.commit_events(cleared)
+            cleared = self.engine.reboot(self.boot_id)
             log.info("boot id is %s (new boot); cleared %d conditions of the previous boot", self.boot_id,
                      len(cleared))
-            self.store.set_meta("boot_id", self.boot_id)
         self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
-        self.diag = DiagnosticsManager(self.engine, lambda: self.settings.config.diagnostics, cfg.node_name,
-                                       cfg.state_dir, self._gpu_inventory, cpu_model(self.settings.roots()))
+        self.diag = DiagnosticsManager(Shelf(self.store, self.engine.journal), self.engine.view, self.engine.submit,
+                                       lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
+                                       self._gpu_inventory, cpu_model(self.settings.roots()))
         self.diag.recover()
         self._start_metrics()  # before the socket: a port in use fails the start before any client connects
         self.health = health.aio.HealthServicer()

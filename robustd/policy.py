@@ -1,8 +1,12 @@
 """Findings in, condition changes out: the rules a scheduler needs, and nothing else.
 
 The policy keeps the standing conditions in memory and returns the events each input causes;
-it never touches disk or sockets (the engine commits the events, then publishes them), so it
-is tested with plain lists and a clock.
+it never touches disk or sockets and never waits on them, so it is tested with plain lists and a
+clock. The engine hands its events to the journal, which commits them before anyone is told;
+what the log made of them (seqs) is the journal's, and the policy's conditions carry no seq. The one
+thing the policy learns from the log is the reboot facts (robustd/boots.py: in which boots each
+fault was raised): handed over as data at start, then kept current from the committed events and
+retention (`logged`, `pruned`), never read from SQLite while deciding.
 
 Standing conditions are bounded, because a fault storm (a driver printing garbage bus ids) can
 name any number of components, and every condition is in every GetVerdict:
@@ -41,15 +45,15 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from robustd import bounds
+from robustd.boots import BootHistory
 from robustd.codes import CodeTable, Meaning
 from robustd.model import Action, Condition, Event, EventKind, Finding, FindingKind, Severity
 
 Key = tuple[str, str]
 RECENT_KEEP = 7 * 86400.0  # how long occurrence times of a cleared condition count toward `tolerate`
-PriorBoots = Callable[[str, str, str], int]  # (component, code, current boot) -> earlier boots it was seen in
 
 CATCH_ALL: Key = ("*", "CONDITIONS_OVERFLOW")
 FOLD_EXAMPLES = 3  # components (and, for the catch-all, codes) a fold-over names
@@ -119,7 +123,7 @@ class Policy:
     default_clear_after: float = 300.0
     update_interval: float = 1.0
     escalate_after_reboots: int = 2
-    prior_boots: PriorBoots = lambda component, code, boot: 0  # noqa: E731
+    boots: BootHistory = field(default_factory=BootHistory)  # in which boots each fault was raised (the log's)
     max_conditions_per_code: int = 64  # policy.max_conditions_per_code
     max_conditions: int = 1000  # policy.max_conditions
     max_foldovers: int = 64  # fold-over conditions standing at once (the catch-all comes on top)
@@ -140,11 +144,12 @@ class Policy:
     def load(self, conditions: Iterable[Condition], now: float) -> None:
         """Adopt the conditions committed before a restart; their hold-downs restart now.
 
-        All of them stand again even past the caps (a lowered cap folds new findings only); rows
-        written before conditions were bounded are bounded here.
+        All of them stand again even past the caps (a lowered cap folds new findings only). They come
+        bounded (the store bounds what it reads back, rows of older versions included). Their seqs stay
+        behind: seqs are the journal's (robustd/journal.py), and the policy's conditions carry none.
         """
         for c in conditions:
-            c = bounds.condition(c)
+            c = replace(c, seq=0, changed_at=0.0)
             if c.key in self.conditions:
                 continue
             self.conditions[c.key] = c
@@ -158,8 +163,11 @@ class Policy:
             self._tracks[c.key] = _Track(meaning=meaning, seen_at=max(c.last_seen, now), last_event_at=now,
                                          earned=c.severity >= meaning.severity)
 
-    def reboot(self, now: float) -> list[Event]:
-        """The boot id changed: clear every condition from an earlier boot before anyone asks."""
+    def reboot(self, now: float, boot_id: str | None = None) -> list[Event]:
+        """The boot id changed (to `boot_id`, if given): clear every condition from an earlier boot before
+        anyone asks."""
+        if boot_id is not None:
+            self.boot_id = bounds.token(boot_id, bounds.MAX_BOOT_ID)
         return [self._clear(k, now, {"cleared_by": "reboot", "new_boot_id": self.boot_id})
                 for k, c in list(self.conditions.items()) if c.boot_id != self.boot_id]
 
@@ -194,10 +202,15 @@ class Policy:
         A fold-over is acknowledged like any condition (`gpu/*` and its code); its components'
         next findings raise their own conditions again while there is room.
         """
-        key = (bounds.token(component, bounds.MAX_COMPONENT), bounds.token(code, bounds.MAX_CODE))
+        key = self._key(component, code)
         if key not in self.conditions:
             raise KeyError(key)
         return self._clear(key, now, {"cleared_by": "acknowledge", "reason": reason})
+
+    def stands(self, component: str, code: str) -> bool:
+        """Whether a condition stands for (component, code), keyed as the policy keys findings. Safe from any
+        thread: one dict lookup."""
+        return self._key(component, code) in self.conditions
 
     def tick(self, now: float) -> list[Event]:
         """Time passing: hold-downs expire, coalesced repeats go out, tolerated states escalate."""
@@ -220,16 +233,22 @@ class Policy:
                 events.append(self._update(key, c, now))
         return events
 
-    def committed(self, events: Iterable[Event]) -> None:
-        """Record the seqs the store gave; a cleared condition is gone for good."""
-        for ev in events:
-            key = ev.condition.key
-            if ev.kind is EventKind.CLEARED:
-                continue
-            if key in self.conditions:
-                self.conditions[key] = self.conditions[key].with_seq(ev.seq, ev.at)
+    # -- what the event log did ---------------------------------------------------------------
+    def logged(self, events: Iterable[Event]) -> None:
+        """Events the log has committed: the reboot facts follow them (a RAISED now belongs to this boot).
+        The conditions do not: their seqs are the journal's."""
+        self.boots.logged(events)
+
+    def pruned(self, through: int) -> None:
+        """Retention deleted the events up to seq `through`: boots known only from those no longer count."""
+        self.boots.pruned(through)
 
     # -- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _key(component: str, code: str) -> Key:
+        """A caller's (component, code) as findings are keyed (bounds.finding)."""
+        return bounds.token(component, bounds.MAX_COMPONENT), bounds.token(code, bounds.MAX_CODE)
+
     def _one(self, f: Finding, source: str, now: float) -> Event | None:
         key = (f.component, f.code)
         existing = self.conditions.get(key)
@@ -253,7 +272,7 @@ class Policy:
             evidence = dict(f.evidence)
             n = meaning.escalate_after_reboots
             if n is not None and meaning.action is not Action.HW_INSPECT:
-                earlier = self.prior_boots(f.component, f.code, self.boot_id)
+                earlier = self.boots.earlier(key, self.boot_id)
                 if earlier >= n:
                     action = Action.HW_INSPECT
                     evidence["escalated"] = f"seen in {earlier} earlier boots (limit {n}); was {meaning.action.name}"

@@ -1,8 +1,14 @@
 """The event log: every condition change, committed to SQLite (WAL) before anyone hears of it.
 
-Holds the events (strictly increasing seq, never reused), the standing conditions, small
-metadata (the boot id, how far retention has pruned) and the stream checks' cursors — all
-written in one transaction per batch, so a SIGKILL leaves either all of a batch or none.
+Holds the events (strictly increasing seq, never reused: AUTOINCREMENT), the standing conditions,
+small metadata (the boot id, how far retention has pruned), the stream checks' cursors, and the
+diagnostics' reports and golden digests — all that one batch carries is written in one transaction,
+so a SIGKILL leaves either all of a batch or none.
+
+The store is the bottom of a one-way flow: the journal (robustd/journal.py) hands it batches to write
+on the writer thread; at start the daemon and the journal read what they need once (standing
+conditions, cursors, the boot id, reboot facts, the head seq); readers (robustd/engine.py's EngineView,
+the diagnostics' shelf) read committed rows. It holds nothing in memory and calls nothing back.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ CREATE INDEX IF NOT EXISTS diagnostic_reports_started ON diagnostic_reports (sta
 CREATE TABLE IF NOT EXISTS goldens (key TEXT PRIMARY KEY, digest TEXT NOT NULL, report_id TEXT NOT NULL,
                                     at REAL NOT NULL);
 """
+_NO_END = (1 << 63) - 1  # the largest seq SQLite can hold: "no upper bound"
+Side = dict[tuple[str, str], tuple[Any, ...]]  # (kind, key) -> the values of one side write (_SIDE_WRITES)
 
 
 def condition_to_json(c: Condition) -> str:
@@ -73,9 +81,9 @@ class Store:
     reader in WAL mode keeps answering from what is committed.
 
     If the state directory cannot be written at start (a read-only or missing mount), the store opens
-    what it can read (read-only) and every write first retries opening it for writing; the engine holds
-    the events in memory meanwhile. Small keyed writes (diagnostic reports, goldens, metadata) wait in
-    `_side` until a commit carries them, and reads see them at once.
+    what it can read (read-only) and every write first retries opening it for writing; the journal holds
+    the events in memory meanwhile (robustd/journal.py). The store keeps nothing in memory and calls
+    nobody: it reads what is committed and writes what it is handed.
     """
 
     def __init__(self, state_dir: str):
@@ -84,8 +92,6 @@ class Store:
         self.db: sqlite3.Connection | None = None  # reads
         self._wdb: sqlite3.Connection | None = None  # writes (one thread at a time: the writer)
         self.open_error = ""  # why the log is not open for writing; "" once it is
-        self._side: dict[tuple[str, str], tuple[Any, ...]] = {}
-        self.wants_flush: Callable[[], None] | None = None  # set by the engine: side writes wait for its commit
         try:
             self.open()
         except (sqlite3.Error, OSError):
@@ -150,15 +156,16 @@ class Store:
 
     # -- writes (the writer thread) ------------------------------------------------------------
     def commit(self, events: list[Event], cursors: Mapping[str, Mapping[str, str]] | None = None,
-               side: Mapping[tuple[str, str], tuple[Any, ...]] | None = None) -> list[Event]:
-        """Write events, cursors and side writes in one transaction; return the events with their seqs."""
+               side: Side | None = None) -> list[Event]:
+        """Write events, cursors and side writes (keyed rows: `_SIDE_WRITES`) in one transaction; return the
+        events with their seqs."""
         self.open()
         db = self._wdb
         assert db is not None
         out: list[Event] = []
         with _Tx(db):
-            for ev in events:
-                c = bounds.condition(ev.condition)  # never write an event too big to send (bounds.py)
+            for ev in events:  # bounded already: only the policy makes conditions (bounds.py)
+                c = ev.condition
                 cur = db.execute(
                     "INSERT INTO events (at, kind, component, code, severity, boot_id, condition)"
                     " VALUES (?, ?, ?, ?, ?, ?, '')",
@@ -179,7 +186,8 @@ class Store:
         return out
 
     def prune(self, now: float, max_age: float, max_events: int) -> int:
-        """Drop events past retention; remember how far, so a Watch from before gets OUT_OF_RANGE."""
+        """Drop events past retention; remember how far, so a Watch from before gets OUT_OF_RANGE. Returns the
+        seq it pruned through now (0: nothing new was pruned)."""
         self.open()
         db = self._wdb
         assert db is not None
@@ -191,44 +199,9 @@ class Store:
             done = db.execute("SELECT value FROM meta WHERE key = 'pruned_through'").fetchone()
             if upto <= int(done[0] if done else 0):
                 return 0
-            n = db.execute("DELETE FROM events WHERE seq <= ?", (upto,)).rowcount
+            db.execute("DELETE FROM events WHERE seq <= ?", (upto,))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('pruned_through', ?)", (str(upto),))
-        return n
-
-    # -- side writes: recorded now, written with the next commit ------------------------------
-    def set_meta(self, key: str, value: str) -> None:
-        self._side_write(("meta", key), (value,))
-
-    def save_report(self, report_id: str, started: float, outcome: str, text: str, keep: int) -> None:
-        """Insert or replace one diagnostic report (its JSON); keep the newest `keep`."""
-        self._side_write(("report", report_id), (started, outcome, text, keep))
-
-    def set_golden(self, key: str, digest: str, report_id: str, at: float) -> None:
-        self._side_write(("golden", key), (digest, report_id, at))
-
-    def _side_write(self, key: tuple[str, str], value: tuple[Any, ...]) -> None:
-        self._side[key] = value
-        if self.wants_flush is not None:
-            self.wants_flush()
-        else:  # no engine drives this store (tools, tests): write at once
-            side = self.take_side()
-            self.commit([], None, side)
-            self.settle_side(side)
-
-    @property
-    def has_side(self) -> bool:
-        """Whether side writes wait for a commit."""
-        return bool(self._side)
-
-    def take_side(self) -> dict[tuple[str, str], tuple[Any, ...]]:
-        """The side writes not yet on disk, for one commit."""
-        return dict(self._side)
-
-    def settle_side(self, written: Mapping[tuple[str, str], tuple[Any, ...]]) -> None:
-        """Forget what a commit wrote, unless it was replaced meanwhile."""
-        for key, value in written.items():
-            if self._side.get(key) is value:
-                del self._side[key]
+        return upto
 
     # -- reads ---------------------------------------------------------------------------------
     def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
@@ -237,8 +210,7 @@ class Store:
         return self.db.execute(sql, args).fetchall()
 
     def meta(self, key: str) -> str | None:
-        if ("meta", key) in self._side:
-            return str(self._side[("meta", key)][0])
+        """What the log has committed for `key` (a side write still held in the journal is not here yet)."""
         rows = self._rows("SELECT value FROM meta WHERE key = ?", (key,))
         return None if not rows else str(rows[0][0])
 
@@ -250,24 +222,18 @@ class Store:
         return [condition_from_json(r[0]) for r in self._rows("SELECT condition FROM conditions ORDER BY seq")]
 
     def report(self, report_id: str) -> str | None:
-        """One diagnostic report's JSON."""
-        if ("report", report_id) in self._side:
-            return str(self._side[("report", report_id)][2])
+        """One committed diagnostic report's JSON (robustd/diagnostics/shelf.py adds those still held)."""
         rows = self._rows("SELECT report FROM diagnostic_reports WHERE id = ?", (report_id,))
         return None if not rows else str(rows[0][0])
 
-    def reports(self, limit: int, outcome: str | None = None) -> list[str]:
-        """The newest reports' JSON, newest first; only those with `outcome` (a name) if given."""
-        sql, args = "SELECT id, started, outcome, report FROM diagnostic_reports", [limit + len(self._side)]
+    def reports(self, limit: int, outcome: str | None = None) -> list[tuple[str, float, str, str]]:
+        """The newest committed reports as (id, started, outcome name, JSON), newest first; only those with
+        `outcome` if given."""
+        sql, args = "SELECT id, started, outcome, report FROM diagnostic_reports", [limit]
         if outcome is not None:
             sql, args = sql + " WHERE outcome = ?", [outcome, *args]
-        found = {str(r[0]): (float(r[1]), str(r[2]), str(r[3]))
-                 for r in self._rows(sql + " ORDER BY started DESC LIMIT ?", args)}
-        for (kind, key), value in self._side.items():
-            if kind == "report":
-                found[key] = (float(value[0]), str(value[1]), str(value[2]))
-        rows = sorted(found.values(), key=lambda r: r[0], reverse=True)
-        return [text for _started, out, text in rows if outcome is None or out == outcome][:limit]
+        return [(str(r[0]), float(r[1]), str(r[2]), str(r[3]))
+                for r in self._rows(sql + " ORDER BY started DESC LIMIT ?", args)]
 
     def migrate_reports(self, convert: Callable[[bytes], tuple[str, str] | None]) -> tuple[int, int]:
         """Move the reports an earlier robustd stored (table `diagnostics`, serialized protobuf) into
@@ -295,12 +261,9 @@ class Store:
         return moved, unreadable
 
     def goldens(self) -> list[tuple[str, str, str, float]]:
-        found = {str(r[0]): (str(r[1]), str(r[2]), float(r[3]))
-                 for r in self._rows("SELECT key, digest, report_id, at FROM goldens")}
-        for (kind, key), value in self._side.items():
-            if kind == "golden":
-                found[key] = (str(value[0]), str(value[1]), float(value[2]))
-        return [(k, *found[k]) for k in sorted(found)]
+        """The committed golden digests: (key, digest, report id, recorded at)."""
+        return [(str(r[0]), str(r[1]), str(r[2]), float(r[3]))
+                for r in self._rows("SELECT key, digest, report_id, at FROM goldens ORDER BY key")]
 
     def head_seq(self) -> int:
         return 0 if self.db is None else _head_seq(self.db)
@@ -312,16 +275,18 @@ class Store:
         rows = self._rows("SELECT MIN(seq) FROM events")
         return int(rows[0][0] or 0) if rows else 0
 
-    def events_after(self, seq: int, limit: int = 500) -> list[Event]:
-        rows = self._rows("SELECT seq, at, kind, condition FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
-                          (seq, limit))
+    def events_after(self, seq: int, limit: int = 500, through: int | None = None) -> list[Event]:
+        """Up to `limit` events after `seq` (and up to `through`, if given), in seq order."""
+        upto = _NO_END if through is None else through
+        rows = self._rows("SELECT seq, at, kind, condition FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                          (seq, upto, limit))
         return [self._event(r) for r in rows]
 
     def query(self, *, since: float | None, component: str, min_severity: int, limit: int,
-              after_seq: int) -> list[Event]:
-        """The newest `limit` matching events, oldest first."""
-        sql = "SELECT seq, at, kind, condition FROM events WHERE seq > ? AND severity >= ?"
-        args: list[Any] = [after_seq, min_severity]
+              after_seq: int, through: int | None = None) -> list[Event]:
+        """The newest `limit` matching events (up to seq `through`, if given), oldest first."""
+        sql = "SELECT seq, at, kind, condition FROM events WHERE seq > ? AND seq <= ? AND severity >= ?"
+        args: list[Any] = [after_seq, _NO_END if through is None else through, min_severity]
         if since is not None:
             sql += " AND at >= ?"
             args.append(since)
@@ -335,11 +300,13 @@ class Store:
         args.append(limit)
         return [self._event(r) for r in reversed(self._rows(sql, args))]
 
-    def boots_with(self, component: str, code: str, current_boot: str) -> int:
-        """In how many earlier boots this fault was raised (for reboot escalation)."""
-        rows = self._rows("SELECT COUNT(DISTINCT boot_id) FROM events WHERE component = ? AND code = ?"
-                          " AND kind = ? AND boot_id != ?", (component, code, int(EventKind.RAISED), current_boot))
-        return int(rows[0][0]) if rows else 0
+    def raised_in_boots(self) -> list[tuple[str, str, str, int]]:
+        """(component, code, boot id, newest seq) for every fault and boot with a RAISED in the log, oldest
+        first: what reboot escalation needs (robustd/boots.py), read once at start. As many rows as the log
+        has distinct RAISED faults per boot, so retention bounds it."""
+        rows = self._rows("SELECT component, code, boot_id, MAX(seq) AS newest FROM events WHERE kind = ?"
+                          " GROUP BY component, code, boot_id ORDER BY newest", (int(EventKind.RAISED),))
+        return [(str(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     @staticmethod
     def _event(row: tuple[Any, ...]) -> Event:
@@ -398,10 +365,12 @@ class _Tx:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
-def iter_batches(store: Store, after: int, batch: int = 500) -> Iterator[list[Event]]:
-    """Every event after `after`, in seq order, a batch at a time."""
+def iter_batches(store: Store, after: int, batch: int = 500,
+                 through: Callable[[], int] | None = None) -> Iterator[list[Event]]:
+    """Every event after `after`, in seq order, a batch at a time; only up to `through()` (asked per batch)
+    if given."""
     while True:
-        evs = store.events_after(after, batch)
+        evs = store.events_after(after, batch, None if through is None else through())
         if not evs:
             return
         yield evs

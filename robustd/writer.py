@@ -3,8 +3,8 @@
 SQLite's commit ends in fsync(2); on a frozen, failing or very slow disk that call blocks for as long
 as the disk does, and a thread blocked there cannot be interrupted. Run on the event-loop thread it
 froze every RPC, the Watch streams and the watchdog with it. Every write therefore runs here, one at a
-time and in order, and its outcome is handed back to the event loop; the engine meanwhile keeps what
-is not yet written in memory (bounded: see robustd/engine.py) and GetVerdict answers from memory.
+time and in order, and its outcome is handed back to the event loop; the journal meanwhile keeps what
+is not yet written in memory (bounded: see robustd/journal.py) and GetVerdict answers from memory.
 
 `InlineWriter` runs the same jobs at once on the caller's thread, for unit tests that drive the engine
 without an event loop.
@@ -45,7 +45,7 @@ class InlineWriter:
 class ThreadWriter:
     """One daemon thread running jobs in submission order; `done` is called on the event loop.
 
-    `busy_since` (time.monotonic) says how long the current job has been running, so the engine can
+    `busy_since` (time.monotonic) says how long the current job has been running, so the journal can
     report a stuck disk while the job is still inside fsync. The thread is a daemon thread: a job stuck
     in the kernel can never hold the process's exit.
     """

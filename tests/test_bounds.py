@@ -10,7 +10,9 @@ from pathlib import Path
 from robustd import bounds
 from robustd.api import convert
 from robustd.api.v1 import robustd_pb2 as pb
-from robustd.model import Action, Condition, Event, EventKind, Severity
+from robustd.codes import CodeRule, CodeTable
+from robustd.engine import Engine
+from robustd.model import Action, Condition, Event, EventKind, Finding, Report, Severity
 from robustd.policy import Policy
 from robustd.store import Store
 
@@ -67,7 +69,7 @@ def test_a_bounded_condition_serialises_within_the_documented_size_and_bounding_
     largest = 0
     for _ in range(150):
         c = bounds.condition(worst_case(rng))
-        assert bounds.condition(c) is c  # bounded twice (policy, then store): unchanged, not even copied
+        assert bounds.condition(c) is c  # bounded twice (made, then read back): unchanged, not even copied
         msg = convert.condition(c)
         largest = max(largest, msg.ByteSize())
         event = pb.Event(seq=U64, at=convert.ts(253402300799.0), kind=pb.EVENT_KIND_CLEARED, condition=msg,
@@ -98,11 +100,14 @@ def test_a_verdict_past_the_limit_abridges_its_least_severe_conditions_first() -
     assert omitted > 0 and all(m.severity == pb.SEVERITY_CRITICAL for m in msgs)
 
 
-def test_the_store_writes_only_bounded_events(tmp_path: Path) -> None:
+def test_the_event_log_holds_only_bounded_events(tmp_path: Path) -> None:
+    """What reaches the log came through the policy, which bounds what enters it: the rows are bounded."""
     store = Store(str(tmp_path))
-    huge = cond(message="m" * 4_000_000, evidence={"reason": "r" * 4_000_000, **{f"k{i}": "v" for i in range(50)}},
-                component="gpu/" + "x" * 10_000)
-    [ev] = store.commit([Event(EventKind.RAISED, huge, 1.0)])
+    engine = Engine(Policy(CodeTable([{"XID_79": CodeRule(severity="CRITICAL")}]), "b" * 5000), store)
+    huge = Finding(component="gpu/" + "x" * 10_000, code="XID_79", message="m" * 4_000_000,
+                   evidence={"reason": "r" * 4_000_000, **{f"k{i}": "v" for i in range(50)}})
+    engine.submit(Report("k" * 5000, (huge,)))
+    [ev] = store.events_after(0)
     store.close()
     db = sqlite3.connect(tmp_path / "robustd.db")
     for (text,) in db.execute("SELECT condition FROM events UNION ALL SELECT condition FROM conditions"):
@@ -110,5 +115,20 @@ def test_the_store_writes_only_bounded_events(tmp_path: Path) -> None:
         assert len(stored["message"].encode()) <= bounds.MAX_MESSAGE and "[truncated" in stored["message"]
         assert len(stored["component"]) <= bounds.MAX_COMPONENT
         assert len(stored["evidence"]) <= bounds.MAX_EVIDENCE_ENTRIES
+        assert len(stored["source"]) <= bounds.MAX_SOURCE and len(stored["boot_id"]) <= bounds.MAX_BOOT_ID
     assert ev.condition.component == stored["component"]
     assert convert.event(ev).ByteSize() <= bounds.MAX_CONDITION_BYTES + 64
+
+
+def test_a_row_written_unbounded_reads_back_bounded(tmp_path: Path) -> None:
+    """A row as a version before the bounds wrote it is bounded where it is read back: still sendable."""
+    store = Store(str(tmp_path))
+    huge = cond(message="m" * 4_000_000, evidence={"reason": "r" * 4_000_000, **{f"k{i}": "v" for i in range(50)}},
+                component="gpu/" + "x" * 10_000)
+    store.commit([Event(EventKind.RAISED, huge, 1.0)])  # the store writes what it is handed
+    [ev], [standing] = store.events_after(0), store.conditions()
+    for c in (ev.condition, standing):
+        assert len(c.message.encode()) <= bounds.MAX_MESSAGE and len(c.component) <= bounds.MAX_COMPONENT
+        assert len(c.evidence) <= bounds.MAX_EVIDENCE_ENTRIES
+    assert convert.event(ev).ByteSize() <= bounds.MAX_CONDITION_BYTES + 64
+    store.close()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from robustd.boots import BootHistory
 from robustd.codes import CodeRule, CodeTable, Tolerate
 from robustd.model import Action, EventKind, Finding, FindingKind, Severity
 from robustd.policy import Policy
@@ -160,15 +163,41 @@ def test_reboot_clears_conditions_of_earlier_boots_only() -> None:
     assert list(p2.conditions) == [("gpu/0000:5e:00.0", "XID_13")]
 
 
+def raised_in(*boots: str, component: str = GPU, code: str = "XID_48") -> BootHistory:
+    """What the event log says: a RAISED of (component, code) in each of `boots`."""
+    return BootHistory([(component, code, boot, seq) for seq, boot in enumerate(boots, 1)])
+
+
 def test_reboot_fixable_fault_back_after_two_reboots_escalates_to_hw_inspect() -> None:
     seen = {"boot-a": 0, "boot-b": 1, "boot-c": 2}
     for boot, earlier in seen.items():
         p = Policy(CodeTable([TABLE]), boot, escalate_after_reboots=2,
-                   prior_boots=lambda c, code, b, n=earlier: n)  # type: ignore[misc]
+                   boots=raised_in(*list(seen)[:earlier], boot))  # this boot's own RAISED does not count
         [ev] = p.apply([f("XID_48")], "kernel", now=0.0)
         expected = Action.HW_INSPECT if earlier >= 2 else Action.RESET_GPU
         assert ev.condition.action is expected, boot
     assert "escalated" in ev.condition.evidence
+
+
+def test_reboot_facts_follow_committed_events_retention_and_a_new_boot_id() -> None:
+    p = Policy(CodeTable([TABLE]), "boot-b", escalate_after_reboots=2, boots=raised_in("boot-a"))  # seq 1
+    [ev] = p.apply([f("XID_48")], "kernel", now=0.0)
+    assert ev.condition.action is Action.RESET_GPU  # one earlier boot
+    p.logged([replace(ev, seq=2)])  # the log committed it: boot-b has raised it too
+    p.acknowledge(GPU, "XID_48", "reseated", now=1.0)
+    [ev] = p.apply([f("XID_48")], "kernel", now=2.0)
+    assert ev.condition.action is Action.RESET_GPU  # boot-b is this boot: it does not count
+    p.logged([replace(ev, seq=3)])
+    p.acknowledge(GPU, "XID_48", "reseated", now=3.0)
+    p.reboot(now=4.0, boot_id="boot-c")  # the boot id changes while the policy runs
+    [ev] = p.apply([f("XID_48")], "kernel", now=5.0)
+    assert ev.condition.action is Action.HW_INSPECT and "seen in 2 earlier boots" in ev.condition.evidence["escalated"]
+    p.acknowledge(GPU, "XID_48", "replaced", now=6.0)
+    p.pruned(2)  # retention deleted boot-a's RAISED (seq 1) and boot-b's first; boot-b's second (seq 3) stays
+    [ev] = p.apply([f("XID_48")], "kernel", now=7.0)
+    assert ev.condition.action is Action.RESET_GPU
+    p.pruned(3)
+    assert p.boots.earlier((GPU, "XID_48"), "boot-c") == 0
 
 
 def test_code_table_layers_wildcards_and_hints() -> None:
@@ -319,7 +348,7 @@ def test_acknowledging_a_fold_over_clears_it_and_frees_its_place() -> None:
 
 
 def test_tolerate_and_reboot_escalation_keep_working_beside_folding() -> None:
-    p = policy(max_conditions_per_code=1, escalate_after_reboots=2, prior_boots=lambda c, code, b: 2)
+    p = policy(max_conditions_per_code=1, escalate_after_reboots=2, boots=raised_in("boot-x", "boot-y"))
     nic = "nic/ens1"
     p.apply([f("LINK_DOWN", nic)], "kernel", now=0.0)
     p.apply([f("LINK_DOWN", f"nic/other{i}") for i in range(5)], "kernel", now=1.0)  # folded

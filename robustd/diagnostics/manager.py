@@ -1,9 +1,10 @@
 """Stop-time diagnostics: one run at a time, tests in order, a report that survives restarts.
 
 A run executes its tests (table.py) as child processes (launcher.py), streams progress to whoever
-asked, keeps the report in the event log's database (as JSON, model.py), and turns failures into
-conditions (DIAG_<TEST>_FAILED) so Watch clients see them like any other fault. Plain types only:
-robustd/api/ converts them to and from the wire.
+asked, keeps the report on its shelf (shelf.py: the event log's database, as JSON, model.py), and turns
+failures into conditions (DIAG_<TEST>_FAILED) by submitting findings like any check, so Watch clients see
+them like any other fault; it reads the engine only through its view. Plain types only: robustd/api/
+converts them to and from the wire.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from robustd.diagnostics.model import (
     report_from_json,
     report_to_json,
 )
+from robustd.diagnostics.shelf import Shelf
 from robustd.diagnostics.validate import BadRequest, validate
-from robustd.engine import Engine
+from robustd.engine import EngineView
 from robustd.inventory import GpuInventory
 from robustd.model import Action, Finding, FindingKind, Severity
 from robustd.model import Report as FindingReport
@@ -71,10 +73,12 @@ class Run:
 
 
 class DiagnosticsManager:
-    def __init__(self, engine: Engine, config: Callable[[], DiagnosticsConfig], node: str, state_dir: str,
+    def __init__(self, shelf: Shelf, view: EngineView, submit: Callable[[FindingReport], object],
+                 config: Callable[[], DiagnosticsConfig], node: str, state_dir: str,
                  gpu_inventory: Callable[[], GpuInventory], cpu_model: str = ""):
-        self.engine = engine
-        self.store = engine.reports
+        self.shelf = shelf  # the reports and golden digests (robustd/diagnostics/shelf.py)
+        self.view = view  # the conditions and what a code means, read only
+        self.submit = submit  # Engine.submit: a run's findings go to the policy like any check's
         self.config = config
         self.node = node
         # state_dir is absolute (config AbsPath): children get file paths (FileStore) from it.
@@ -88,7 +92,7 @@ class DiagnosticsManager:
     # -- lifecycle -----------------------------------------------------------------------------
     def recover(self) -> None:
         """Reports left RUNNING by a daemon that died mid-run are closed as errors."""
-        for text in self.store.reports(1000, outcome=Outcome.RUNNING.name):
+        for text in self.shelf.reports(1000, outcome=Outcome.RUNNING.name):
             r = report_from_json(text)
             r.outcome, r.message = Outcome.ERROR, "the daemon stopped during this run"
             self._save(r)
@@ -175,11 +179,11 @@ class DiagnosticsManager:
     def get(self, run_id: str) -> Report | None:
         if self.running is not None and self.running.id == run_id:
             return self.running.report
-        text = self.store.report(run_id)
+        text = self.shelf.report(run_id)
         return None if text is None else report_from_json(text)
 
     def list(self, limit: int) -> list[Report]:
-        return [report_from_json(t) for t in self.store.reports(limit)]
+        return [report_from_json(t) for t in self.shelf.reports(limit)]
 
     def record_golden(self, report_id: str) -> Golden:
         if report_id:
@@ -192,11 +196,11 @@ class DiagnosticsManager:
             raise BadRequest("no passing MiniGPT report" + (f" with id {report_id}" if report_id else ""))
         key, digest = host.details["golden_key"], host.details["node_digest"]
         now = time.time()
-        self.store.set_golden(key, digest, report.id, now)
+        self.shelf.set_golden(key, digest, report.id, now)
         return Golden(key=key, digest=digest, report_id=report.id, recorded_at=now)
 
     def goldens(self) -> list[Golden]:
-        return [Golden(key=k, digest=d, report_id=r, recorded_at=at) for k, d, r, at in self.store.goldens()]
+        return [Golden(key=k, digest=d, report_id=r, recorded_at=at) for k, d, r, at in self.shelf.goldens()]
 
     # -- the run -------------------------------------------------------------------------------
     async def _execute(self, run: Run, view: GpuInventory) -> None:
@@ -256,7 +260,7 @@ class DiagnosticsManager:
         return results
 
     def _golden(self, key: str) -> str | None:
-        return next((d for k, d, _r, _at in self.store.goldens() if k == key), None)
+        return next((d for k, d, _r, _at in self.shelf.goldens() if k == key), None)
 
     def _spec(self, run: Run, test: table.StopTimeTest, work: str, view: GpuInventory, cfg: DiagnosticsConfig
               ) -> dict[str, Any]:
@@ -309,7 +313,7 @@ class DiagnosticsManager:
         self._save(r)
         self.outcomes[r.outcome.name] = self.outcomes.get(r.outcome.name, 0) + 1
         if findings:
-            self.engine.submit(FindingReport(SOURCE, tuple(findings)))
+            self.submit(FindingReport(SOURCE, tuple(findings)))
         outcome = f"OUTCOME_{r.outcome.name}"
         self._publish(run, Progress(id=run.id, phase=Phase.DONE, percent=100.0, report=r, message=outcome))
         for q in run.subscribers:
@@ -324,13 +328,13 @@ class DiagnosticsManager:
             code = table.TESTS[x.test].failed_code if x.test in table.TESTS else f"DIAG_{x.test.upper()}_FAILED"
             sev = Severity[x.details["severity"]] if x.details.get("severity") in Severity.__members__ else None
             act = Action[x.details["action"]] if x.details.get("action") in Action.__members__ else None
-            meaning = self.engine.view.meaning(code, sev, act)
+            meaning = self.view.meaning(code, sev, act)
             worst = max(worst, (meaning.severity, meaning.action))
             findings.append(Finding(component=x.component, code=code, message=x.message, severity=sev, action=act,
                                     evidence={"report": run.id, "test": x.test, **x.details}))
         passed = {x.test for x in run.report.results if x.status == Status.PASS} - {x.test for x in fails}
         cleared = {table.TESTS[t].failed_code for t in passed}
-        for c in self.engine.view.conditions():
+        for c in self.view.conditions():
             if c.source == SOURCE and c.code in cleared:
                 findings.append(Finding(component=c.component, code=c.code, kind=FindingKind.RESOLVED,
                                         message=f"passed in {run.id}"))
@@ -343,7 +347,7 @@ class DiagnosticsManager:
             q.put_nowait(msg)
 
     def _save(self, r: Report) -> None:
-        self.store.save_report(r.id, r.started or 0.0, r.outcome.name, report_to_json(r), self.config().keep_reports)
+        self.shelf.save_report(r.id, r.started or 0.0, r.outcome.name, report_to_json(r), self.config().keep_reports)
 
 
 def codes() -> Mapping[str, CodeRule]:
