@@ -66,8 +66,8 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"contracts": ("robustd.codes", "robustd.check", "robustd.config", "robustd.sections", "robustd.tls",
                    "robustd.triage")},
     # made (a finding), judged (a condition), stored (an event): three pieces that know nothing of each other
-    {"made": ("checks",), "judged": ("robustd.policy",),
-     "stored": ("robustd.store", "robustd.writer", "robustd.journal", "robustd.shelf")},
+    {"made": ("checks",), "judged": ("robustd.policy", "robustd.boots"),
+     "stored": ("robustd.store", "robustd.writer", "robustd.journal")},
     {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset", "robustd.diagnostics",
               "robustd.tracer", "robustd.reload", "robustd.authz")},
     {"served": ("robustd.api", "robustd.metrics", "robustd.metrics_http", "robustd.server", "robustd.daemon")},
