@@ -1,9 +1,9 @@
 """Stop-time test 1: NVIDIA EUD through `dcgmi diag -r eud -j` (child process, see PROTOCOL.md).
 
-    python -m checks.diagnostics.eud --spec SPEC.json
+    python -m stoptests.eud --spec SPEC.json
 
 Runs `spec["eud"]["command"]` with the spec's timeout, reads stdout whatever the exit status (205 and 226
-still carry JSON) and has checks/diagnostics/dcgmi.py turn the DCGM 3.x or 4.x document into one result per
+still carry JSON) and has stoptests/dcgmi.py turn the DCGM 3.x or 4.x document into one result per
 GPU (`gpu/<bus_id>`), plus `host` for anything not tied to one GPU. Standard library only (psutil is used
 when present).
 """
@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from checks.diagnostics.dcgmi import EUD_TESTS, DcgmiOutputError, canonical_test, parse_dcgmi_json
-from checks.diagnostics.protocol import (
+from stoptests.dcgmi import EUD_TESTS, DcgmiOutputError, canonical_test, parse_dcgmi_json
+from stoptests.protocol import (
     ERROR,
     FAIL,
     MAX_TIMEOUT,

@@ -1,6 +1,6 @@
 """Stop-time all-gather across nodes: each node names the peers whose data was wrong, late or missing.
 
-    python -m checks.diagnostics.all_gather --spec SPEC.json      (spec.rendezvous from the scheduler)
+    python -m stoptests.all_gather --spec SPEC.json      (spec.rendezvous from the scheduler)
 
 Every node's child joins one process group through ``spec.rendezvous``. The launcher of node rank 0
 hosts the TCPStore on ``master_port``; every launcher checks its node in (name and local rank count),
@@ -22,9 +22,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from checks.diagnostics.collective_launcher import MAX_GLOBAL_RANKS, MAX_NODES, MB, Launcher, Rank, Verdict, child_main
-from checks.diagnostics.collective_worker import P_READY, describe, p_finished
-from checks.diagnostics.protocol import (
+from stoptests.collective_launcher import MAX_GLOBAL_RANKS, MAX_NODES, MB, Launcher, Rank, Verdict, child_main
+from stoptests.collective_worker import P_READY, describe, p_finished
+from stoptests.protocol import (
     ERROR,
     FAIL,
     PASS,

@@ -1,6 +1,6 @@
 """Stop-time all-to-all: one rank per GPU, every received byte verified, bus bandwidth against a floor.
 
-    python -m checks.diagnostics.all_to_all --spec SPEC.json
+    python -m stoptests.all_to_all --spec SPEC.json
 
 One rank per GPU (``backend`` nccl) or ``cpu_ranks`` ranks (gloo on CPU), a FileStore rendezvous in
 ``work_dir``. Rank s sends rank r, in iteration k, a chunk whose every byte is a function of (s, r, k);
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from checks.diagnostics.collective_launcher import MB, Launcher, Verdict, child_main
-from checks.diagnostics.collective_worker import P_READY, P_SPAWNED, describe
-from checks.diagnostics.protocol import ERROR, FAIL, PASS, bounded_str, cannot_run, emit_progress, emit_result
+from stoptests.collective_launcher import MB, Launcher, Verdict, child_main
+from stoptests.collective_worker import P_READY, P_SPAWNED, describe
+from stoptests.protocol import ERROR, FAIL, PASS, bounded_str, cannot_run, emit_progress, emit_result
 
 TEST = "all_to_all"
 

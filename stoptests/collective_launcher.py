@@ -1,6 +1,6 @@
 """The launcher shared by the two stop-time collectives (all_to_all.py, all_gather.py).
 
-It starts one worker process per local rank (``python -m checks.diagnostics.collective_worker
+It starts one worker process per local rank (``python -m stoptests.collective_worker
 --worker-fd N``, collective_worker.py), each joined to the launcher by a socketpair, follows every
 rank's phase, and at the deadline (the spec's ``timeout`` less a small margin) kills every worker
 that is still running; the test's own module then judges what it saw. Bus bandwidth follows
@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from checks.diagnostics.collective_worker import P_ITER, P_SPAWNED
-from checks.diagnostics.protocol import (
+from stoptests.collective_worker import P_ITER, P_SPAWNED
+from stoptests.protocol import (
     MAX_LOCAL_RANKS,
     SpecError,
     bounded_float,
@@ -163,7 +163,7 @@ class Launcher:
                 env["GLOO_SOCKET_IFNAME"] = iface  # gloo would otherwise use whatever the hostname resolves to
         for r in self.ranks:
             mine, theirs = socket.socketpair()
-            r.proc = subprocess.Popen([sys.executable, "-m", "checks.diagnostics.collective_worker", "--worker-fd",
+            r.proc = subprocess.Popen([sys.executable, "-m", "stoptests.collective_worker", "--worker-fd",
                                        str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                                       stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=env, cwd=REPO)
             theirs.close()
@@ -316,7 +316,7 @@ def child_main(test: str, run: Callable[[dict[str, Any], float], int], argv: lis
     try:
         spec = load_spec(list(sys.argv[1:] if argv is None else argv))
         if spec.get("test", test) != test:
-            code = cannot_run(f"checks.diagnostics.{test} runs {test}, not {str(spec.get('test'))[:40]!r}")
+            code = cannot_run(f"stoptests.{test} runs {test}, not {str(spec.get('test'))[:40]!r}")
         else:
             code = run({**spec, "test": test}, t0)
     except SpecError as e:

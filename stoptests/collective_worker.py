@@ -1,6 +1,6 @@
 """The rank worker of the stop-time collectives: one process per local rank, joined to its launcher.
 
-    python -m checks.diagnostics.collective_worker --worker-fd N     (started by collective_launcher.py)
+    python -m stoptests.collective_worker --worker-fd N     (started by collective_launcher.py)
 
 A worker reads its settings from the socketpair the launcher gave it, joins the process group
 (all_to_all: a FileStore in the work directory; all_gather: the rendezvous TCPStore), and reports
@@ -310,7 +310,7 @@ def run_worker(cfg: dict[str, Any], conn: Connection, phase: Any, store_box: lis
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if len(argv) != 2 or argv[0] != "--worker-fd":
-        sys.exit("usage: python -m checks.diagnostics.collective_worker --worker-fd N")
+        sys.exit("usage: python -m stoptests.collective_worker --worker-fd N")
     code = worker_main(int(argv[1]))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -1,6 +1,6 @@
 """MiniGPT bitwise replay: the same tiny GPT trained the same K steps on every GPU must agree bit for bit.
 
-    python -m checks.diagnostics.minigpt --spec SPEC.json
+    python -m stoptests.minigpt --spec SPEC.json
 
 The launcher (this module without ``--worker-rank``) never imports torch. It starts one worker
 process per GPU (``spec.gpus[i]``, pinned with ``CUDA_VISIBLE_DEVICES``) or per ``spec.cpu_ranks``
@@ -64,7 +64,7 @@ MODEL_ID = (f"{DIGEST_VERSION.decode()} layers={LAYERS} width={WIDTH} heads={HEA
 
 def rank_components(spec: dict[str, Any]) -> list[str]:
     """The component of every rank: ``gpu/<bus_id>`` of ``spec.gpus[i]``, else ``rank/<i>`` for ``cpu_ranks``."""
-    from checks.diagnostics.protocol import rank_component
+    from stoptests.protocol import rank_component
 
     gpus = spec.get("gpus") or []
     n = len(gpus) if gpus else int(spec.get("cpu_ranks") or DEFAULT_CPU_RANKS)
@@ -74,7 +74,7 @@ def rank_components(spec: dict[str, Any]) -> list[str]:
 def check_spec(spec: dict[str, Any]) -> tuple[int, float]:
     """(steps, timeout) of the spec; raise SpecError for values this launcher would size things by
     (ranks, steps, timeout) and for malformed faults."""
-    from checks.diagnostics.protocol import MAX_LOCAL_RANKS, bounded_int, spec_faults, spec_gpus, spec_timeout
+    from stoptests.protocol import MAX_LOCAL_RANKS, bounded_int, spec_faults, spec_gpus, spec_timeout
 
     spec_gpus(spec)
     bounded_int(spec.get("cpu_ranks") or None, "cpu_ranks", DEFAULT_CPU_RANKS, 1, MAX_LOCAL_RANKS)
@@ -361,7 +361,7 @@ def launch(spec: dict[str, Any], spec_path: str, steps: int, timeout: float) -> 
     """Run one worker per rank (all GPUs at once; at most one CPU rank per core) until done or the deadline.
 
     `steps` and `timeout` are the spec's, as `check_spec` returns them."""
-    from checks.diagnostics.protocol import emit_progress
+    from stoptests.protocol import emit_progress
 
     components = rank_components(spec)
     n = len(components)
@@ -425,7 +425,7 @@ def launch(spec: dict[str, Any], spec_path: str, steps: int, timeout: float) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m checks.diagnostics.minigpt", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m stoptests.minigpt", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="the SPEC.json written by the daemon")
     parser.add_argument("--worker-rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.spec, encoding="utf-8") as f:
             return worker_main(json.load(f), args.worker_rank)
 
-    from checks.diagnostics.protocol import SpecError, cannot_run, emit_progress, emit_result, load_spec
+    from stoptests.protocol import SpecError, cannot_run, emit_progress, emit_result, load_spec
 
     try:
         spec = load_spec(["--spec", args.spec])

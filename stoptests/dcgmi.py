@@ -1,6 +1,6 @@
 """The JSON of `dcgmi diag -j` (DCGM 3.x and 4.x), judged: one result per GPU (`gpu/<bus_id>`) plus `host`.
 
-Pure functions of dcgmi's stdout and the spec's GPU list: no process is run here (checks/diagnostics/eud.py
+Pure functions of dcgmi's stdout and the spec's GPU list: no process is run here (stoptests/eud.py
 runs dcgmi and hands its output to `parse_dcgmi_json`). Standard library only.
 """
 
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.diagnostics.protocol import ERROR, FAIL, PASS, SKIPPED, Result
+from stoptests.protocol import ERROR, FAIL, PASS, SKIPPED, Result
 
 ROOT4 = "DCGM Diagnostic"
 ROOT3 = "DCGM GPU Diagnostic"
