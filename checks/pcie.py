@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from checks.counters import Counters, rising
-from checks.sysfs import read_text
+from checks.common.counters import Counters, rising
+from checks.common.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.durations import Duration
 from robustd.model import Finding, FindingKind

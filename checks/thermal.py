@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from pydantic import Field
 
-from checks.sysfs import read_text
+from checks.common.sysfs import read_text
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.model import Action, Finding, FindingKind, Severity
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from checks.counters import Counter, counter_delta
+from checks.common.counters import Counter, counter_delta
 from checks.host import (
     HostCheck,
     HostConfig,

@@ -15,7 +15,7 @@ import pytest
 from conftest import Daemon, need_root
 from test_daemon import Watcher, cond
 
-from checks.counters import RateWindow
+from checks.common.counters import RateWindow
 from checks.nic import NicCheck, NicConfig
 from checks.nic.ib import IbPorts, PortState, parse_ib_state, parse_rate
 from checks.nic.netlink import LinkObs, LinkTracker

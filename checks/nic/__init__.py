@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import Field, field_validator
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
-from checks.counters import RateWindow
+from checks.common.counters import RateWindow
 from checks.nic.ib import IbPorts, parse_rate
 from checks.nic.netlink import LinkObs, LinkTracker, dump_links, link_events, open_netlink
 from robustd.check import Check, CheckConfig, CheckContext, stop_reading

@@ -2,9 +2,9 @@
 
 The NIC check polls these once per interval. Parsers take the text of one sysfs file and are
 tested on literal strings; `IbPorts` turns readings into findings on `ib/<dev>/<port>`.
-`RateWindow` (checks/counters.py, shared with the NIC counters) turns a monotonic counter into a rate over a
-window, and treats a counter that went backwards (driver reload, reset) as a new baseline,
-never as a huge or negative rate.
+`RateWindow` (checks/common/counters.py, shared with the NIC counters) turns a monotonic counter into
+a rate over a window, and treats a counter that went backwards (driver reload, reset) as a new
+baseline, never as a huge or negative rate.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from checks.counters import RateWindow
-from checks.sysfs import read_text
+from checks.common.counters import RateWindow
+from checks.common.sysfs import read_text
 from robustd.model import Finding, FindingKind
 from robustd.traffic import IB_WORD
 
