@@ -1,4 +1,4 @@
-"""What a check is: the small contract between the runner and every module in `checks/`.
+"""What a check is: the small contract between the runner and every check in `checks/`.
 
 A check observes one thing and reports findings; it never decides severity or eviction.
 It is polled (`poll`, run by the runner in the check's own worker thread under a deadline),
@@ -88,7 +88,7 @@ class Check:
     name: ClassVar[str] = ""
     mode: ClassVar[Literal["poll", "watch", "both"]] = "poll"
     Config: ClassVar[type[CheckConfig]] = CheckConfig
-    rules: ClassVar[str | None] = None  # the check's rule file (checks/rules/<name>.yaml): its `codes:` table
+    rules: ClassVar[str | None] = None  # the check's rule file (checks/<name>/rules.yaml): its `codes:` table
 
     def emulated(self) -> str | None:
         """A label when this check reads emulated hardware (shown in every verdict), else None."""

@@ -11,16 +11,18 @@ import pynvml
 import pytest
 from conftest import Daemon
 
-from checks.gpu import GpuCheck, _Gpu, normalize_bus_id
-from checks.nvml_fields import FieldBatch
+from checks.gpu import GpuCheck
+from checks.gpu.config import RULES
+from checks.gpu.device import _Gpu
+from checks.gpu.nvml_fields import FieldBatch
+from checks.gpu.parse import normalize_bus_id
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import load_codes
 from robustd.nvmlemu import build
 from robustd.nvmlemu import state as emu
 from robustd.traffic import read_traffic
 
-CODES = list(load_codes("checks/rules/gpu.yaml" if Path("checks").is_dir() else
-                        str(Path(__file__).resolve().parent.parent / "checks" / "rules" / "gpu.yaml")))
+CODES = list(load_codes(RULES))
 BUS = [normalize_bus_id(emu.healthy_gpu(i).bus_id) for i in range(8)]  # gpu/0000:1b:00.0, ...
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from checks.gpu import GpuCheck, GpuConfig
+from checks.gpu import GpuCheck
+from checks.gpu.config import GpuConfig
 from checks.nic import NicCheck
 from robustd import checkset
 from robustd.check import CheckConfig, CheckContext, CheckStatus

@@ -15,114 +15,22 @@ Link *speed* below its maximum is not a fault by itself: GPUs and NICs drop to 2
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import NamedTuple
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from checks.common.counters import Counters, rising
 from checks.common.sysfs import read_text
-from robustd.check import Check, CheckConfig, CheckContext
-from robustd.durations import Duration
+from checks.pcie.config import RULES, ClassMatch, PcieConfig
+from checks.pcie.parse import AerCounters, parse_aer, parse_hex
+from robustd.check import Check, CheckContext
 from robustd.model import Finding, FindingKind
-from robustd.paths import AbsPath
 
-RULES = str(Path(__file__).with_name("rules") / "pcie.yaml")
 AER_FILES = {"correctable": "aer_dev_correctable", "nonfatal": "aer_dev_nonfatal", "fatal": "aer_dev_fatal"}
-_HEX = re.compile(r"^(?:0x)?([0-9a-fA-F]+)$")
 # What a class prefix is called in messages; the longest matching prefix wins.
 CLASS_NAMES = {"0300": "GPU (VGA)", "0302": "GPU", "0200": "Ethernet NIC", "0207": "InfiniBand NIC",
                "0680": "bridge/NVSwitch", "0604": "PCI bridge"}
 
 
-# -- pure parsers ---------------------------------------------------------------------------------
-class AerCounters(NamedTuple):
-    """One `aer_dev_*` file: the TOTAL_ERR_* line and every named counter."""
-
-    total: int
-    counters: dict[str, int]
-
-
-def parse_aer(text: str) -> AerCounters:
-    """`RxErr 0\\nBadTLP 2\\n…\\nTOTAL_ERR_COR 2` → AerCounters(2, {...}).
-
-    Kernels before the TOTAL_ERR_* line was added get the sum of the named counters.
-    Raises ValueError on a line that is not `<name> <count>`.
-    """
-    counters: dict[str, int] = {}
-    total: int | None = None
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split()
-        if len(parts) != 2:
-            raise ValueError(f"not an AER counter line: {line!r}")
-        name, value = parts[0], int(parts[1])
-        if name.startswith("TOTAL_ERR_"):
-            total = value
-        else:
-            counters[name] = value
-    return AerCounters(total if total is not None else sum(counters.values()), counters)
-
-
-def parse_link_speed(text: str) -> float | None:
-    """`32.0 GT/s PCIe` (or older `8 GT/s`) → 32.0; `Unknown` → None."""
-    m = re.match(r"\s*([0-9.]+)\s*GT/s", text)
-    return float(m.group(1)) if m else None
-
-
-def parse_hex(text: str) -> str:
-    """`0x030200\\n` → `030200` (lower case); raises ValueError on anything else."""
-    m = _HEX.match(text.strip())
-    if not m:
-        raise ValueError(f"not a hex id: {text.strip()!r}")
-    return m.group(1).lower()
-
-
-# -- config ---------------------------------------------------------------------------------------
-class ClassMatch(BaseModel):
-    """`{class: "0x0680", vendor: "0x10de"}`: a class prefix, optionally only from one vendor."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    class_: str = Field(alias="class")
-    vendor: str | None = None
-
-    @field_validator("class_", "vendor")
-    @classmethod
-    def _hex(cls, v: str | None) -> str | None:
-        return None if v is None else parse_hex(v)
-
-    def matches(self, pci_class: str, vendor: str) -> bool:
-        return pci_class.startswith(self.class_) and (self.vendor is None or self.vendor == vendor)
-
-
-def _default_classes() -> list[ClassMatch | str]:
-    return ["0x0302", "0x0300", "0x0200", "0x0207", ClassMatch(class_="0x0680", vendor="0x10de")]
-
-
-class PcieConfig(CheckConfig):
-    """`checks.pcie`."""
-
-    sysfs_root: AbsPath | None = None  # default: roots.sys
-    # PCI class prefixes watched: 3D controller and VGA (GPUs), Ethernet and InfiniBand (NICs), and
-    # NVIDIA's "other bridge" class (NVSwitch). A plain string is a class prefix; a mapping adds a vendor.
-    classes: list[ClassMatch | str] = Field(default_factory=_default_classes)
-    aer_correctable_count: int = Field(default=100, ge=1)  # corrected errors within the window that
-    aer_correctable_window: Duration = 60.0                # make PCIE_AER_CORRECTABLE_RISING
-
-    @field_validator("classes")
-    @classmethod
-    def _matches(cls, v: list[ClassMatch | str]) -> list[ClassMatch | str]:
-        return [ClassMatch(class_=x) if isinstance(x, str) else x for x in v]
-
-    def matchers(self) -> list[ClassMatch]:
-        return [x if isinstance(x, ClassMatch) else ClassMatch(class_=x) for x in self.classes]
-
-
-# -- the check ------------------------------------------------------------------------------------
 @dataclass
 class _Device:
     bdf: str
@@ -146,8 +54,6 @@ NOT_WATCHED = object()
 
 class _Gone(Exception):
     """The device's directory vanished while it was read."""
-
-
 
 
 class PcieCheck(Check):

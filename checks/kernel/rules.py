@@ -1,4 +1,4 @@
-"""Kernel-log rules as data: load, validate and match `checks/rules/*.yaml`.
+"""Kernel-log rules as data: load, validate and match `checks/kernel/rules*.yaml` and an operator's files.
 
 A rule says *what* a line is (a code on a component); the `codes:` table in the same file says
 what that code means (severity, action, ...), and the policy applies it. Matching keeps no state:
@@ -30,9 +30,9 @@ from robustd.codes import ActionName, CodeRule, SeverityName
 from robustd.config import ConfigError
 from robustd.model import Action, Finding, FindingKind, Severity
 
-SHIPPED_RULES = str(Path(__file__).parent / "rules" / "kernel.yaml")  # GPUs, NVSwitch, NVLink, PCIe, NICs
+SHIPPED_RULES = str(Path(__file__).with_name("rules.yaml"))  # GPUs, NVSwitch, NVLink, PCIe, NICs
 # Every shipped rule file, by domain; loaded together before any operator file (which is tried first).
-SHIPPED_RULE_FILES = (SHIPPED_RULES, str(Path(__file__).parent / "rules" / "kernel-host.yaml"))
+SHIPPED_RULE_FILES = (SHIPPED_RULES, str(Path(__file__).with_name("rules-host.yaml")))
 
 # The kernel keeps at most 1,024 bytes of text per record (PRINTKRB_RECORD_MAX since 6.1, 992 before;
 # a longer write to /dev/kmsg fails EINVAL, checked on 6.18), so no real printk line is longer and

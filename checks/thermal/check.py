@@ -21,16 +21,14 @@ import fnmatch
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import Field
-
 from checks.common.sysfs import read_text
-from robustd.check import Check, CheckConfig, CheckContext
+from checks.thermal.config import RULES, ThermalConfig
+from checks.thermal.parse import parse_millidegrees, sensor_id
+from robustd.check import Check, CheckContext
 from robustd.model import Action, Finding, FindingKind, Severity
 
-RULES = str(Path(__file__).with_name("rules") / "thermal.yaml")
 _TEMP_INPUT = re.compile(r"^temp(\d+)_input$")
 
 
@@ -43,16 +41,6 @@ class Sensor(NamedTuple):
     crit: float | None
 
 
-# -- pure helpers ---------------------------------------------------------------------------------
-def parse_millidegrees(text: str) -> float | None:
-    """`45000\\n` → 45.0; None for text that is not an integer. (A threshold of 0 or below means
-    "not set" on many boards; `judge` ignores those.)"""
-    try:
-        return int(text.strip()) / 1000.0
-    except ValueError:
-        return None
-
-
 def judge(s: Sensor) -> tuple[Severity, str] | None:
     """(severity, which threshold) for a sensor at or above its crit or max, else None."""
     if s.crit is not None and s.crit > 0 and s.celsius >= s.crit:
@@ -60,18 +48,6 @@ def judge(s: Sensor) -> tuple[Severity, str] | None:
     if s.max is not None and s.max > 0 and s.celsius >= s.max:
         return Severity.WARNING, "max"
     return None
-
-
-def sensor_id(label: str | None, index: str) -> str:
-    return "_".join(label.split()) if label and label.strip() else f"temp{index}"
-
-
-# -- config ---------------------------------------------------------------------------------------
-class ThermalConfig(CheckConfig):
-    """`checks.thermal`."""
-
-    # Sensors not judged: globs over "<chip>/<sensor>" or the hwmon name, e.g. "acpitz*", "*/temp9".
-    exclude: list[str] = Field(default_factory=list)
 
 
 # -- reading --------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Reading /dev/kmsg: one record per read(2), pushed by the kernel, no polling.
 
 The record format is `prio,seq,ts_usec,flags[,...];message\n` followed by optional dictionary
-lines that start with a space. Non-printable bytes in the message arrive escaped as `\\xNN`
-(a multi-line printk therefore arrives as one record with `\\x0a` inside). Timestamps follow the
-kernel's local_clock, which tracks CLOCK_MONOTONIC (not wall time, not suspend-inclusive).
+lines that start with a space (`checks/kernel/parse.py` reads one; this module joins continuation
+fragments and keeps the reader's place). Timestamps follow the kernel's local_clock, which tracks
+CLOCK_MONOTONIC (not wall time, not suspend-inclusive).
 
 Sequence numbers are consecutive, one per record. When a reader falls behind, the kernel's ring
 overwrites records it has not read yet and the next read(2) fails EPIPE; the reader then goes on
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+
+from checks.kernel.parse import KmsgRecord, parse_record
 
 # One record is at most ~8 KiB of text plus dictionary; a short buffer makes read(2) fail EINVAL.
 READ_SIZE = 65536
@@ -29,47 +30,6 @@ FRAGMENT_HOLD_S = 1.0
 MAX_JOINED_CHARS = 8192
 # Overruns kept for `take_overruns` when nobody takes them; the counters go on counting.
 MAX_PENDING_OVERRUNS = 64
-
-_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
-
-
-@dataclass(frozen=True)
-class KmsgRecord:
-    """One logical kernel log record."""
-
-    seq: int
-    ts_usec: int  # microseconds since boot, CLOCK_MONOTONIC-like
-    facility: int  # 0 kernel, 1 user (lines written to /dev/kmsg by programs), ...
-    level: int  # 0 emerg .. 7 debug
-    message: str  # unescaped; may contain "\n" for multi-line printks
-    flags: str = "-"  # '-' complete, 'c' starts a continuation, '+' continues one
-
-    def lines(self) -> list[str]:
-        """The message split into lines, as a multi-line rule sees them."""
-        return self.message.split("\n")
-
-
-def unescape(text: bytes) -> str:
-    """Undo the kernel's `\\xNN` escaping; invalid UTF-8 is replaced, never fatal."""
-    return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), text).decode("utf-8", "replace")
-
-
-def parse_record(raw: bytes) -> KmsgRecord | None:
-    """Parse one record as read(2) returns it; None if it is not in kmsg form."""
-    first = raw.split(b"\n", 1)[0]  # dictionary lines (" KEY=value") follow the first newline
-    head, sep, body = first.partition(b";")
-    if not sep:
-        return None
-    fields = head.split(b",")
-    if len(fields) < 4:
-        return None
-    try:
-        prio, seq, ts = int(fields[0]), int(fields[1]), int(fields[2])
-    except ValueError:
-        return None
-    flag = fields[3][:1].decode("ascii", "replace") or "-"
-    return KmsgRecord(seq=seq, ts_usec=ts, facility=prio >> 3, level=prio & 7,
-                      message=unescape(body), flags=flag)
 
 
 class Joiner:

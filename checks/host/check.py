@@ -23,147 +23,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import NamedTuple
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from checks.common.counters import Counters, rising
 from checks.common.sysfs import read_text
-from robustd.check import Check, CheckConfig, CheckContext
-from robustd.durations import Duration
+from checks.host.config import RULES, DiskConfig, HostConfig
+from checks.host.parse import Mount, mount_for, parse_count, parse_meminfo, parse_mounts, parse_psi
+from robustd.check import Check, CheckContext
 from robustd.model import Action, Finding, FindingKind, Severity
 
-RULES = str(Path(__file__).with_name("rules") / "host.yaml")
 _MC = re.compile(r"^mc(\d+)$")
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-# -- pure parsers ---------------------------------------------------------------------------------
-class Mount(NamedTuple):
-    source: str
-    point: str
-    fstype: str
-    options: tuple[str, ...]
-
-    @property
-    def readonly(self) -> bool:
-        return "ro" in self.options
-
-
-def _unescape(field: str) -> str:
-    """The kernel writes blanks, tabs, newlines and backslashes in mount fields as \\040 etc."""
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mounts(text: str) -> list[Mount]:
-    """`/proc/mounts` lines (`source point fstype options dump pass`) in order; bad lines are skipped."""
-    out = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        out.append(Mount(_unescape(parts[0]), _unescape(parts[1]), parts[2], tuple(parts[3].split(","))))
-    return out
-
-
-def mount_for(path: str, mounts: Sequence[Mount]) -> Mount | None:
-    """The mount a path lives on: the longest mount point above it; the last of stacked mounts wins."""
-    path = os.path.normpath(path)
-    best: Mount | None = None
-    for m in mounts:
-        point = os.path.normpath(m.point)
-        if (path == point or point == os.sep or path.startswith(point + os.sep)) and (
-                best is None or len(point) >= len(os.path.normpath(best.point))):
-            best = m
-    return best
-
-
-class Psi(NamedTuple):
-    avg10: float
-    avg60: float
-    avg300: float
-    total: int
-
-
-def parse_psi(text: str) -> dict[str, Psi]:
-    """`some avg10=1.00 avg60=0.50 avg300=0.10 total=1234` (and `full …`) → {"some": Psi, "full": Psi}."""
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if not parts:
-            continue
-        try:
-            values = dict(p.split("=", 1) for p in parts[1:])
-            out[parts[0]] = Psi(float(values["avg10"]), float(values["avg60"]), float(values["avg300"]),
-                                int(values["total"]))
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"not a PSI line: {line!r}") from e
-    return out
-
-
-def parse_meminfo(text: str) -> dict[str, int]:
-    """`MemTotal:  1024 kB` → {"MemTotal": 1024} (kB; unitless lines such as HugePages_Total as is)."""
-    out = {}
-    for line in text.splitlines():
-        key, sep, rest = line.partition(":")
-        parts = rest.split()
-        if sep and parts:
-            try:
-                out[key.strip()] = int(parts[0])
-            except ValueError:
-                continue
-    return out
-
-
-def parse_count(text: str) -> int:
-    """A sysfs counter: decimal (`ce_count`) or hex (`ioerr_cnt` is written as `0x1f`)."""
-    return int(text.strip(), 0)
-
-
-# -- config ---------------------------------------------------------------------------------------
-class DiskConfig(BaseModel):
-    """One entry of `checks.host.disks`; a plain string is `{path: <string>}`."""
-
-    model_config = ConfigDict(extra="forbid")
-    path: str
-    min_free_percent: float = Field(default=10.0, ge=0, le=100)  # below: DISK_SPACE_LOW WARNING
-    critical_free_percent: float = Field(default=3.0, ge=0, le=100)  # below: DISK_SPACE_LOW CRITICAL
-    readonly_is_fault: bool = True  # false for a mount that is read-only on purpose
-    device: str | None = None  # block device for ioerr_cnt (e.g. sda); default: from the mount table
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not os.path.isabs(v):
-            raise ValueError("must be an absolute path")
-        return os.path.normpath(v)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> DiskConfig:
-        if self.critical_free_percent > self.min_free_percent:
-            raise ValueError("critical_free_percent must not be above min_free_percent")
-        return self
-
-
-class HostConfig(CheckConfig):
-    """`checks.host`."""
-
-    disks: list[DiskConfig] = Field(default_factory=lambda: [DiskConfig(path="/")])
-    psi_some_avg10: float = Field(default=40.0, ge=0, le=100)  # % of the last 10 s some task stalled on memory
-    psi_full_avg10: float = Field(default=10.0, ge=0, le=100)  # % of the last 10 s all tasks stalled on memory
-    min_available_percent: float = Field(default=5.0, ge=0, le=100)  # MemAvailable / MemTotal
-    edac_ce_count: int = Field(default=10, ge=1)  # corrected memory errors per window → EDAC_CE_RISING
-    edac_ce_window: Duration = 3600.0
-
-    @field_validator("disks", mode="before")
-    @classmethod
-    def _strings(cls, v: object) -> object:
-        return [{"path": x} if isinstance(x, str) else x for x in v] if isinstance(v, list) else v
-
-
-# -- the check ------------------------------------------------------------------------------------
 
 
 def _disk_component(path: str) -> str:

@@ -6,7 +6,7 @@ Every NVML call announces which GPU and which call it is (`_Current`), so a call
 reported by `timeout_findings` as NVML_HANG on that GPU while the poll thread stays stuck.
 
 Faults NVML pushes (Xids, DBE, DRAM retirement failure, fatal poison, GPU unavailable, recovery
-action) arrive through `checks/gpu_events.py`: the first poll, once the inventory is known,
+action) arrive through `checks/gpu/events.py`: the first poll, once the inventory is known,
 registers one event set over every GPU and starts its waiting thread; `reports` hands its findings
 to the daemon as they come (the watch half of mode "both"). GPUs or drivers without events are
 named once in ListChecks (`note`) and stay polled. The poll keeps everything NVML does not push.
@@ -24,17 +24,17 @@ from typing import Any
 
 import pynvml
 
-from checks.gpu_config import GpuConfig, load_temperature_levels
-from checks.gpu_device import _Current, _Gpu, _text, normalize_bus_id
-from checks.gpu_events import EventWatcher, address, emitter
-from checks.nvml_fields import FieldBatch
+from checks.gpu.config import RULES, GpuConfig, load_temperature_levels
+from checks.gpu.device import _Current, _Gpu
+from checks.gpu.events import EventWatcher, address, emitter
+from checks.gpu.nvml_fields import FieldBatch
+from checks.gpu.parse import normalize_bus_id, nvml_text
+from checks.kernel.rules import SHIPPED_RULES as KERNEL_RULES  # XID_* meanings
 from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
 from robustd.model import Action, Finding, FindingKind, Report, Severity
 
-RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "gpu.yaml")
-KERNEL_RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "kernel.yaml")  # XID_* meanings
 NVML_LIBRARY = "libnvidia-ml.so.1"
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
@@ -203,7 +203,7 @@ class GpuCheck(Check):
             self._emulated = True
         self._levels = load_temperature_levels(RULES)
         self._call("host", pynvml.nvmlInit)
-        self.driver_version = _text(self._call("host", pynvml.nvmlSystemGetDriverVersion))
+        self.driver_version = nvml_text(self._call("host", pynvml.nvmlSystemGetDriverVersion))
         self.inventory = self._enumerate()
         ctx.log.info("GPU inventory%s: %d GPUs, driver %s: %s", " (EMULATED NVML)" if self._emulated else "",
                      len(self.inventory), self.driver_version,
@@ -221,10 +221,10 @@ class GpuCheck(Check):
         for i in range(self._call("host", pynvml.nvmlDeviceGetCount)):
             h = self._call("host", pynvml.nvmlDeviceGetHandleByIndex, i)
             try:
-                bus = normalize_bus_id(_text(self._call(f"gpu/index{i}", pynvml.nvmlDeviceGetPciInfo, h).busId))
+                bus = normalize_bus_id(nvml_text(self._call(f"gpu/index{i}", pynvml.nvmlDeviceGetPciInfo, h).busId))
                 comp = f"gpu/{bus}"
-                out.append(_Gpu(handle=h, bus=bus, name=_text(self._call(comp, pynvml.nvmlDeviceGetName, h)),
-                                uuid=_text(self._call(comp, pynvml.nvmlDeviceGetUUID, h))))
+                out.append(_Gpu(handle=h, bus=bus, name=nvml_text(self._call(comp, pynvml.nvmlDeviceGetName, h)),
+                                uuid=nvml_text(self._call(comp, pynvml.nvmlDeviceGetUUID, h))))
             except pynvml.NVMLError:  # lost before we could read who it is: known by its index
                 out.append(_Gpu(handle=h, bus=f"index{i}", name="", uuid="", lost=True))
         return out
@@ -313,7 +313,7 @@ class GpuCheck(Check):
         return out
 
     def _temp_high(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:
-        """Against the GPU's own thresholds; the severity and action of each level are in rules/gpu.yaml."""
+        """Against the GPU's own thresholds; the severity and action of each level are in its rules.yaml."""
         temp = self._temperature(comp, g.handle)
         if temp is None:
             return []

@@ -65,7 +65,7 @@ MakeFinding = Callable[..., Finding]  # GpuCheck._finding(component, code, messa
 @functools.cache
 def _recovery_hints() -> tuple[tuple[Any, Severity | None, Action | None], ...]:
     """The kernel rule XID_154's hints on its `recovery` group: one mapping of actions for both sources."""
-    from checks.kernel_rules import SHIPPED_RULES, load_rules
+    from checks.kernel.rules import SHIPPED_RULES, load_rules
 
     rule = next(r for r in load_rules([SHIPPED_RULES], verify=False).rules if r.name == "XID_154")
     return tuple((rx, sev, act) for group, rx, sev, act in rule.hints if group == "recovery")

@@ -21,15 +21,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pydantic import Field, field_validator
-
-from checks.kernel_rules import SHIPPED_RULE_FILES, RuleError, RuleSet, load_rules
-from checks.kmsg import KmsgReader, KmsgRecord, Overrun
+from checks.kernel.config import KernelConfig
+from checks.kernel.kmsg import KmsgReader, Overrun
+from checks.kernel.parse import KmsgRecord
+from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules
 from robustd.check import Check, CheckConfig, CheckContext, stop_reading
 from robustd.codes import CodeRule
-from robustd.durations import Duration
 from robustd.model import Finding, Report
-from robustd.paths import AbsPath
 from robustd.roots import DEFAULT_KMSG, read_boot_id
 
 CURSOR_EVERY_S = 1.0  # a cursor-only report (nothing matched) goes out at most this often
@@ -38,26 +36,6 @@ OVERRUN_BURST_S = 10.0  # overruns closer than this are one burst: one log line 
 OVERRUN_LOG_EVERY_S = 60.0  # a burst that goes on is logged again this often
 OVERRUN_CODE = "KMSG_OVERRUN"
 _CLOSED = object()
-
-
-class KernelConfig(CheckConfig):
-    """`checks.kernel`."""
-
-    kmsg_path: AbsPath = DEFAULT_KMSG
-    lookback: Duration = 300.0  # backlog of this boot scanned when there is no cursor for it
-    rules: list[AbsPath] = Field(default_factory=list)  # extra rule files, tried before the shipped one
-    buffer_lines: int = Field(default=8, ge=1, le=256)  # ring buffer for multi-line rules
-
-    @field_validator("rules")
-    @classmethod
-    def _rules_load(cls, paths: list[str]) -> list[str]:
-        """A bad extra rule file is a config error (so a reload with one is rejected whole)."""
-        if paths:
-            try:
-                load_rules([*SHIPPED_RULE_FILES, *paths])
-            except RuleError as e:
-                raise ValueError("; ".join(e.problems)) from e
-        return paths
 
 
 class KernelCheck(Check):

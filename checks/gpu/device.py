@@ -1,7 +1,7 @@
-"""What the GPU check knows of one GPU between polls (`_Gpu`), which NVML call its poll thread is in
-(`_Current`, read from the event loop when a call hangs), and bus ids written as the kernel writes them.
+"""What the GPU check knows of one GPU between polls (`_Gpu`) and which NVML call its poll thread is in
+(`_Current`, read from the event loop when a call hangs).
 
-Kept apart from `checks/gpu.py`, which reads NVML and judges.
+Kept apart from `checks/gpu/check.py`, which reads NVML and judges.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.nvml_fields import FieldBatch
+from checks.gpu.nvml_fields import FieldBatch
 
 
 @dataclass
@@ -50,14 +50,3 @@ class _Current:
 
     def get(self) -> tuple[str, str, float] | None:
         return self._value
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """NVML's `00000000:3B:00.0` as the kernel writes it: `0000:3b:00.0`."""
-    domain, _, rest = bus_id.strip().rpartition(":")
-    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
-    return f"{int(domain or '0', 16):04x}:{bus.lower()}:{rest.lower()}"
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

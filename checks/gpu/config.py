@@ -1,10 +1,11 @@
 """The GPU check's settings (`checks.gpu` in robustd.yaml) and the severities its rule file gives temperatures.
 
-Kept apart from checks/gpu.py so the config can be read and validated without the check's NVML code.
+Kept apart from checks/gpu/check.py so the config can be read and validated without the check's NVML code.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import yaml
@@ -15,6 +16,7 @@ from robustd.durations import Duration
 from robustd.model import Action, Severity
 from robustd.paths import AbsPath
 
+RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table and GPU_TEMP_HIGH's levels
 TEMPERATURE_LEVELS = ("near_shutdown", "at_slowdown")
 
 
