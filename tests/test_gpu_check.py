@@ -276,6 +276,24 @@ def test_training_stalled_needs_processes_idle_gpus_and_quiet_network(make_daemo
     node.d.wait_for(lambda v: cond(v, "TRAINING_STALLED") is None, timeout=4)
 
 
+def test_the_xid_table_is_one_for_the_kernel_and_the_gpu_check() -> None:
+    """Both checks raise XID_<n>: the same meanings (checks/kernel/xid.py), and an NVML recovery action means
+    what the kernel line that reports the same action means (the rule XID_154's hints)."""
+    from checks.gpu.events import RECOVERY_LABELS, recovery_meaning
+    from checks.kernel import KernelCheck
+    from checks.kernel.rules import shipped_rules
+
+    kernel = {c: r for c, r in KernelCheck().codes().items() if c.startswith("XID_")}
+    assert len(kernel) > 50 and {c: r for c, r in GpuCheck().codes().items() if c.startswith("XID_")} == kernel
+    for action, label in RECOVERY_LABELS.items():
+        if not action:
+            continue
+        line = f"NVRM: Xid (PCI:0000:2a:00): 154, GPU recovery action changed from 0x0 (None) to 0x{action:x} ({label})"
+        [found] = shipped_rules().match([line])
+        assert found.code == "XID_154"
+        assert recovery_meaning(action) == (f"0x{action:x} ({label})", found.severity, found.action), label
+
+
 def test_bus_ids_are_normalised_as_the_kernel_writes_them() -> None:
     assert normalize_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
     assert normalize_bus_id("0000:3b:00.0") == "0000:3b:00.0"

@@ -29,7 +29,7 @@ from checks.gpu.device import _Current, _Gpu
 from checks.gpu.events import EventWatcher, address, emitter
 from checks.gpu.nvml_fields import FieldBatch
 from checks.gpu.parse import normalize_bus_id, nvml_text
-from checks.kernel.rules import SHIPPED_RULES as KERNEL_RULES  # XID_* meanings
+from checks.kernel import xid
 from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule, load_codes
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
@@ -66,10 +66,9 @@ class GpuCheck(Check):
         self._hang_grace = 1.0
 
     def codes(self) -> Mapping[str, CodeRule]:
-        """gpu.yaml, and the kernel rules' XID_* meanings: NVML Xid events raise those codes even where the
-        kernel check does not run (a container without CAP_SYSLOG)."""
-        xids = {code: rule for code, rule in load_codes(KERNEL_RULES).items() if code.startswith("XID_")}
-        return {**xids, **load_codes(RULES)}
+        """Its rules.yaml, and the Xid table (checks/kernel/xid.py): NVML Xid events raise those codes even
+        where the kernel check does not run (a container without CAP_SYSLOG)."""
+        return {**xid.codes(), **load_codes(RULES)}
 
     def note(self) -> str:
         """Shown once in ListChecks: GPUs whose driver pushes no NVML events (they stay polled)."""

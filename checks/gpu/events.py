@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import functools
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any
 
 import pynvml
 
+from checks.kernel import xid
 from robustd.model import Action, Finding, FindingKind, Severity
 
 log = logging.getLogger("robustd.checks.gpu")
@@ -62,24 +62,11 @@ NO_INSTANCE = 0xFFFFFFFF
 MakeFinding = Callable[..., Finding]  # GpuCheck._finding(component, code, message, severity, action, kind, **ev)
 
 
-@functools.cache
-def _recovery_hints() -> tuple[tuple[Any, Severity | None, Action | None], ...]:
-    """The kernel rule XID_154's hints on its `recovery` group: one mapping of actions for both sources."""
-    from checks.kernel.rules import SHIPPED_RULES, load_rules
-
-    rule = next(r for r in load_rules([SHIPPED_RULES], verify=False).rules if r.name == "XID_154")
-    return tuple((rx, sev, act) for group, rx, sev, act in rule.hints if group == "recovery")
-
-
 def recovery_meaning(action: int) -> tuple[str, Severity | None, Action | None]:
-    """`0x4 (Drain and Reset)`, and the severity and action the kernel rule gives that text."""
+    """`0x4 (Drain and Reset)`, and the severity and action the kernel rule XID_154 gives that text
+    (checks/kernel/xid.py: one mapping of actions for both sources)."""
     text = f"0x{action:x} ({RECOVERY_LABELS.get(action, 'Unknown')})"
-    severity: Severity | None = None
-    act: Action | None = None
-    for rx, sev, a in _recovery_hints():
-        if rx.search(text):
-            severity, act = severity or sev, act or a
-    return text, severity, act
+    return (text, *xid.recovery(text))
 
 
 class EventWatcher:

@@ -24,7 +24,7 @@ from typing import Any
 from checks.kernel.config import KernelConfig
 from checks.kernel.kmsg import KmsgReader, Overrun
 from checks.kernel.parse import KmsgRecord
-from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules
+from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules, shipped_rules
 from robustd.check import Check, CheckConfig, CheckContext, stop_reading
 from robustd.codes import CodeRule
 from robustd.model import Finding, Report
@@ -67,7 +67,7 @@ class KernelCheck(Check):
     def load_ruleset(cfg: CheckConfig | None = None) -> RuleSet:
         """The shipped rules plus the config's extra files; raises RuleError naming file and line."""
         extra = cfg.rules if isinstance(cfg, KernelConfig) else []
-        return load_rules([*SHIPPED_RULE_FILES, *extra])
+        return load_rules([*SHIPPED_RULE_FILES, *extra]) if extra else shipped_rules()
 
     def codes(self, cfg: CheckConfig | None = None) -> Mapping[str, CodeRule]:
         """The merged `codes:` table of the loaded rule files, for the policy."""

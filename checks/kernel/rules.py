@@ -14,11 +14,13 @@ a condition. The raw (clipped) line stays in evidence.
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
@@ -246,6 +248,15 @@ def load_rules(paths: Iterable[str], *, verify: bool = True) -> RuleSet:
     if problems:
         raise RuleError(problems)
     return ruleset
+
+
+@functools.cache
+def shipped_rules() -> RuleSet:
+    """The shipped rule files, loaded and verified once per process (they do not change while it runs):
+    the kernel check without extra rule files, and the Xid table (checks/kernel/xid.py), read this.
+    Its code table is read-only: every reader shares it."""
+    rs = load_rules(SHIPPED_RULE_FILES)
+    return replace(rs, codes=MappingProxyType(dict(rs.codes)))
 
 
 def _merge_code(old: CodeRule | None, new: CodeRule) -> CodeRule:
