@@ -24,7 +24,7 @@ from typing import Any
 
 import pynvml
 
-from checks.gpu.config import RULES, GpuConfig, load_temperature_levels
+from checks.gpu.config import RULES, GpuConfig, GpuThresholds, thresholds
 from checks.gpu.device import _Current, _Gpu
 from checks.gpu.events import EventWatcher, address, emitter
 from checks.gpu.nvml_fields import FieldBatch
@@ -52,7 +52,7 @@ class GpuCheck(Check):
         self.compute_pids: frozenset[int] = frozenset()
         self.driver_version = ""
         self._published = NO_GPUS
-        self._levels: dict[str, tuple[Severity, Action]] = {}  # GPU_TEMP_HIGH's levels, from the rule file
+        self._thresholds: GpuThresholds = thresholds()  # its rule file's (read once per process)
         self._initialized = False
         self._emulated = False
         self._polls = 0
@@ -200,7 +200,6 @@ class GpuCheck(Check):
             os.environ[ENV_VAR] = os.path.abspath(cfg.emulator_state or "")
             ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)  # before pynvml's dlopen of the same SONAME
             self._emulated = True
-        self._levels = load_temperature_levels(RULES)
         self._call("host", pynvml.nvmlInit)
         self.driver_version = nvml_text(self._call("host", pynvml.nvmlSystemGetDriverVersion))
         self.inventory = self._enumerate()
@@ -312,18 +311,20 @@ class GpuCheck(Check):
         return out
 
     def _temp_high(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:
-        """Against the GPU's own thresholds; the severity and action of each level are in its rules.yaml."""
+        """Against the GPU's own thresholds; the severity and action of each level (and the margins the config
+        does not set) are in its rules.yaml."""
         temp = self._temperature(comp, g.handle)
         if temp is None:
             return []
+        levels = self._thresholds.temperature
         if g.shutdown and temp >= g.shutdown - cfg.temp_critical_margin:
-            sev, act = self._levels["near_shutdown"]
-            return [self._finding(comp, "GPU_TEMP_HIGH", f"GPU at {temp} °C, shutdown at {g.shutdown} °C", sev, act,
-                                  temperature=str(temp), shutdown=str(g.shutdown), slowdown=str(g.slowdown))]
+            lv = levels.near_shutdown
+            return [self._finding(comp, "GPU_TEMP_HIGH", f"GPU at {temp} °C, shutdown at {g.shutdown} °C", lv.severity,
+                                  lv.action, temperature=str(temp), shutdown=str(g.shutdown), slowdown=str(g.slowdown))]
         if g.slowdown and temp >= g.slowdown - cfg.temp_warn_margin:
-            sev, act = self._levels["at_slowdown"]
+            lv = levels.at_slowdown
             return [self._finding(comp, "GPU_TEMP_HIGH", f"GPU at {temp} °C, slowdown threshold {g.slowdown} °C",
-                                  sev, act, temperature=str(temp), slowdown=str(g.slowdown))]
+                                  lv.severity, lv.action, temperature=str(temp), slowdown=str(g.slowdown))]
         return []
 
     def _hw_slowdown(self, g: _Gpu, comp: str, cfg: GpuConfig, now: float) -> list[Finding]:
@@ -379,13 +380,18 @@ class GpuCheck(Check):
         while g.replays and now - g.replays[0][0] > cfg.replay_window:
             g.replays.popleft()
         rise = replay - g.replays[0][1]
-        per_lane = cfg.replay_per_lane_per_min or 0.96 * 2.0 ** ((g.max_gen or 4) - 4)
-        limit = per_lane * (g.max_width or 16) * cfg.replay_window / 60.0
+        per_lane = cfg.replay_per_lane_per_min or self._replay_per_lane(g.max_gen)
+        limit = per_lane * (g.max_width or self._thresholds.pcie_replay.width_unknown) * cfg.replay_window / 60.0
         if rise <= limit:
             return []
         return [self._finding(comp, "GPU_PCIE_REPLAY_RISING",
                               f"{rise} PCIe replays in {cfg.replay_window:g}s (limit {limit:.0f})",
                               replays=str(rise), window=f"{cfg.replay_window:g}s", counter=str(replay))]
+
+    def _replay_per_lane(self, max_gen: int | None) -> float:
+        """DCGM's replay rate per lane and minute for the link's maximum generation (the rule file's)."""
+        t = self._thresholds.pcie_replay
+        return t.per_lane_per_min_at_gen4 * t.per_gen ** ((max_gen or t.gen_unknown) - 4)
 
     def _nvlink(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:
         """Links active at start that went down; error counters (every nvlink_counters_every-th poll) rising."""

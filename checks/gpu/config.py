@@ -1,4 +1,4 @@
-"""The GPU check's settings (`checks.gpu` in robustd.yaml) and the severities its rule file gives temperatures.
+"""The GPU check's settings (`checks.gpu` in robustd.yaml) and the thresholds of its rule file.
 
 Kept apart from checks/gpu/check.py so the config can be read and validated without the check's NVML code.
 """
@@ -8,16 +8,48 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, model_validator
 
+from checks.common.thresholds import Level, Strict, load
 from robustd.check import CheckConfig
 from robustd.durations import Duration
-from robustd.model import Action, Severity
 from robustd.paths import AbsPath
 
-RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table and GPU_TEMP_HIGH's levels
-TEMPERATURE_LEVELS = ("near_shutdown", "at_slowdown")
+RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table and its thresholds
+
+
+class TemperatureLevel(Level):
+    """One level of GPU_TEMP_HIGH: it starts `margin` °C below one of the GPU's own thresholds."""
+
+    margin: int = Field(ge=0)
+
+
+class Temperature(Strict):
+    """GPU_TEMP_HIGH's levels, the first that holds wins."""
+
+    near_shutdown: TemperatureLevel  # against the GPU's shutdown threshold (checks.gpu.temp_critical_margin)
+    at_slowdown: TemperatureLevel  # against its slowdown threshold (checks.gpu.temp_warn_margin)
+
+
+class PcieReplay(Strict):
+    """GPU_PCIE_REPLAY_RISING's limit where checks.gpu.replay_per_lane_per_min is not set: DCGM's, derived
+    from the link's bit error rate, per lane and minute at Gen4 and times `per_gen` for each generation."""
+
+    per_lane_per_min_at_gen4: float = Field(gt=0)
+    per_gen: float = Field(gt=0)
+    gen_unknown: int = Field(ge=1)  # the generation and width assumed when NVML does not give the maximum
+    width_unknown: int = Field(ge=1)
+
+
+class GpuThresholds(Strict):
+    """`thresholds:` of checks/gpu/rules.yaml."""
+
+    temperature: Temperature
+    pcie_replay: PcieReplay
+
+
+def thresholds() -> GpuThresholds:
+    return load(RULES, GpuThresholds)
 
 
 class GpuConfig(CheckConfig):
@@ -27,8 +59,9 @@ class GpuConfig(CheckConfig):
     expected_gpus: int | None = Field(default=None, ge=0)
     emulator_state: AbsPath | None = None  # the emulator's state file (required with backend: emulator)
     emulator_library: AbsPath | None = None  # default: built on demand into <state_dir>/nvml-emulator/
-    temp_warn_margin: int = Field(default=0, ge=0)  # WARNING at slowdown threshold minus this (°C)
-    temp_critical_margin: int = Field(default=3, ge=0)  # CRITICAL at shutdown threshold minus this (°C)
+    # GPU_TEMP_HIGH's levels at the slowdown / shutdown threshold minus this (°C); default: the rule file's
+    temp_warn_margin: int = Field(default_factory=lambda: thresholds().temperature.at_slowdown.margin, ge=0)
+    temp_critical_margin: int = Field(default_factory=lambda: thresholds().temperature.near_shutdown.margin, ge=0)
     init_timeout: Duration = 60.0  # a stuck nvmlInit/inventory is NVML_HANG only after this long
     slowdown_window: Duration = 10.0  # HW slowdown reasons must hold this long to raise
     busy_utilization: int = Field(default=50, ge=0, le=100)  # % above which a lower PCIe gen counts
@@ -36,7 +69,7 @@ class GpuConfig(CheckConfig):
     # (issue 15's CPU budget); they feed a rising-rate WARNING, for which 10 s is soon enough.
     nvlink_counters_every: int = Field(default=10, ge=1)
     replay_window: Duration = 60.0
-    replay_per_lane_per_min: float | None = None  # default: DCGM's 0.96 at Gen4, doubling per gen
+    replay_per_lane_per_min: float | None = None  # default: DCGM's, from the rule file (thresholds.pcie_replay)
     stall_after: Duration = 300.0  # TRAINING_STALLED after this long idle with processes alive
     stall_utilization: int = Field(default=1, ge=0, le=100)  # % at or below which a GPU counts as idle
     stall_traffic_bytes_per_s: float = Field(default=1_000_000.0, ge=0)  # RDMA+NIC below this is ~0
@@ -46,15 +79,3 @@ class GpuConfig(CheckConfig):
         if self.backend == "emulator" and not self.emulator_state:
             raise ValueError("backend emulator needs emulator_state (the emulator's state file)")
         return self
-
-
-def load_temperature_levels(path: str) -> dict[str, tuple[Severity, Action]]:
-    """`temperature_levels` of the rule file: GPU_TEMP_HIGH's severity and action at each level."""
-    with open(path, encoding="utf-8") as f:
-        levels = (yaml.safe_load(f) or {}).get("temperature_levels") or {}
-    try:
-        return {name: (Severity[levels[name]["severity"]], Action[levels[name]["action"]])
-                for name in TEMPERATURE_LEVELS}
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"{path}: temperature_levels needs {', '.join(TEMPERATURE_LEVELS)}, each with a "
-                         f"severity and an action ({e!r})") from None

@@ -28,10 +28,10 @@ import psutil
 
 from checks.common.counters import Counters, rising
 from checks.common.sysfs import read_text
-from checks.host.config import RULES, DiskConfig, HostConfig
+from checks.host.config import RULES, DiskConfig, HostConfig, thresholds
 from checks.host.parse import Mount, mount_for, parse_count, parse_meminfo, parse_mounts, parse_psi
 from robustd.check import Check, CheckContext
-from robustd.model import Action, Finding, FindingKind, Severity
+from robustd.model import Finding, FindingKind
 
 _MC = re.compile(r"^mc(\d+)$")
 
@@ -89,13 +89,13 @@ class HostCheck(Check):
                                evidence={**where, "errno": str(e.errno)}))
         else:
             free = 100.0 - usage.percent
-            level = (Severity.CRITICAL if free < disk.critical_free_percent else
-                     Severity.WARNING if free < disk.min_free_percent else None)
+            levels = thresholds().disk_space  # what each level means; where they lie, the disk's config says
+            level, limit = ((levels.critical, disk.critical_free_percent) if free < disk.critical_free_percent else
+                            (levels.low, disk.min_free_percent) if free < disk.min_free_percent else (None, 0.0))
             if level is not None:
-                limit = disk.critical_free_percent if level is Severity.CRITICAL else disk.min_free_percent
                 out.append(Finding(
-                    component=component, code="DISK_SPACE_LOW", kind=FindingKind.STATE, severity=level,
-                    action=Action.HW_INSPECT if level is Severity.CRITICAL else Action.NONE,
+                    component=component, code="DISK_SPACE_LOW", kind=FindingKind.STATE, severity=level.severity,
+                    action=level.action,
                     message=f"{disk.path}: {free:.1f}% free, below {limit:g}%",
                     evidence={**where, "free_percent": f"{free:.1f}", "free_bytes": str(usage.free),
                               "total_bytes": str(usage.total), "threshold_percent": f"{limit:g}"}))

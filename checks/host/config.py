@@ -1,4 +1,5 @@
-"""The host check's settings (`checks.host` in robustd.yaml: the disks, memory and EDAC limits) and its rule file."""
+"""The host check's settings (`checks.host` in robustd.yaml: the disks, memory and EDAC limits) and the
+thresholds of its rule file."""
 
 from __future__ import annotations
 
@@ -7,10 +8,40 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from checks.common.thresholds import Level, Strict, load
 from robustd.check import CheckConfig
 from robustd.durations import Duration
 
-RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table
+RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table and its thresholds
+
+
+class DiskSpaceLevel(Level):
+    """One level of DISK_SPACE_LOW: free space below `free_percent` of the disk."""
+
+    free_percent: float = Field(ge=0, le=100)
+
+
+class DiskSpace(Strict):
+    """DISK_SPACE_LOW's levels, the first that holds wins."""
+
+    critical: DiskSpaceLevel  # checks.host.disks[].critical_free_percent overrides its free_percent
+    low: DiskSpaceLevel  # checks.host.disks[].min_free_percent overrides its free_percent
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DiskSpace:
+        if self.critical.free_percent > self.low.free_percent:
+            raise ValueError("critical.free_percent must not be above low.free_percent")
+        return self
+
+
+class HostThresholds(Strict):
+    """`thresholds:` of checks/host/rules.yaml."""
+
+    disk_space: DiskSpace
+
+
+def thresholds() -> HostThresholds:
+    return load(RULES, HostThresholds)
 
 
 class DiskConfig(BaseModel):
@@ -18,8 +49,10 @@ class DiskConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     path: str
-    min_free_percent: float = Field(default=10.0, ge=0, le=100)  # below: DISK_SPACE_LOW WARNING
-    critical_free_percent: float = Field(default=3.0, ge=0, le=100)  # below: DISK_SPACE_LOW CRITICAL
+    # below: DISK_SPACE_LOW WARNING / CRITICAL; default: the rule file's (thresholds.disk_space)
+    min_free_percent: float = Field(default_factory=lambda: thresholds().disk_space.low.free_percent, ge=0, le=100)
+    critical_free_percent: float = Field(default_factory=lambda: thresholds().disk_space.critical.free_percent,
+                                         ge=0, le=100)
     readonly_is_fault: bool = True  # false for a mount that is read-only on purpose
     device: str | None = None  # block device for ioerr_cnt (e.g. sda); default: from the mount table
 

@@ -3,7 +3,8 @@
 Reads `<sys root>/class/hwmon/hwmon*/`: `name`, and for every `tempN_input` the optional
 `tempN_label`, `tempN_max`, `tempN_crit` (all millidegrees Celsius). A sensor at or above its
 `max` is TEMP_HIGH WARNING (action NONE); at or above its `crit` TEMP_HIGH CRITICAL (HW_INSPECT:
-cooling, fans, heatsink). Sensors without thresholds are not judged. GPU temperatures belong to the
+cooling, fans, heatsink): the levels of `thresholds` in its rules.yaml. Sensors without thresholds
+are not judged. GPU temperatures belong to the
 gpu check (NVML knows each GPU's slowdown/shutdown points).
 
 hwmon is read here rather than through psutil.sensors_temperatures(): psutil reads the literal
@@ -24,10 +25,10 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from checks.common.sysfs import read_text
-from checks.thermal.config import RULES, ThermalConfig
+from checks.thermal.config import RULES, ThermalConfig, ThermalThresholds, thresholds
 from checks.thermal.parse import parse_millidegrees, sensor_id
 from robustd.check import Check, CheckContext
-from robustd.model import Action, Finding, FindingKind, Severity
+from robustd.model import Finding, FindingKind, Severity
 
 _TEMP_INPUT = re.compile(r"^temp(\d+)_input$")
 
@@ -41,12 +42,14 @@ class Sensor(NamedTuple):
     crit: float | None
 
 
-def judge(s: Sensor) -> tuple[Severity, str] | None:
-    """(severity, which threshold) for a sensor at or above its crit or max, else None."""
+def judge(s: Sensor, levels: ThermalThresholds | None = None) -> tuple[Severity, str] | None:
+    """(severity, which threshold) for a sensor at or above its crit or max, else None; the severity of
+    each is the rule file's (`levels`, default: its `thresholds`)."""
+    levels = levels or thresholds()
     if s.crit is not None and s.crit > 0 and s.celsius >= s.crit:
-        return Severity.CRITICAL, "crit"
+        return levels.crit.severity, "crit"
     if s.max is not None and s.max > 0 and s.celsius >= s.max:
-        return Severity.WARNING, "max"
+        return levels.max.severity, "max"
     return None
 
 
@@ -117,21 +120,23 @@ class ThermalCheck(Check):
 
     def poll(self, ctx: CheckContext) -> Sequence[Finding]:
         cfg = ctx.config if isinstance(ctx.config, ThermalConfig) else ThermalConfig()
+        levels = thresholds()
         findings: list[Finding] = []
         for s in read_hwmon(ctx.roots.sys):
             where = f"{s.chip}/{s.sensor}"
             if any(fnmatch.fnmatchcase(where, p) or fnmatch.fnmatchcase(s.name, p) for p in cfg.exclude):
                 continue
-            verdict = judge(s)
+            verdict = judge(s, levels)
             if verdict is None:
                 continue
             severity, limit = verdict
+            action = (levels.crit if limit == "crit" else levels.max).action
             threshold = s.crit if limit == "crit" else s.max
             evidence = {"celsius": f"{s.celsius:g}", "chip": s.name, "threshold": limit}
             evidence.update({k: f"{v:g}" for k, v in (("max", s.max), ("crit", s.crit)) if v is not None})
             findings.append(Finding(
                 component=f"host/{where}", code="TEMP_HIGH", kind=FindingKind.STATE,
-                severity=severity, action=Action.HW_INSPECT if severity is Severity.CRITICAL else Action.NONE,
+                severity=severity, action=action,
                 message=f"{s.name} {s.sensor} at {s.celsius:g}°C, at or above its {limit} of {threshold:g}°C",
                 evidence=evidence))
         return findings
