@@ -31,7 +31,7 @@ from checks.gpu.nvml_fields import FieldBatch
 from checks.gpu.parse import normalize_bus_id, nvml_text
 from checks.kernel import xid
 from robustd.check import Check, CheckContext
-from robustd.codes import CodeRule, load_codes
+from robustd.codes import CodeRule
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
 from robustd.model import Action, Finding, FindingKind, Report, Severity
 
@@ -45,6 +45,7 @@ class GpuCheck(Check):
     name = "gpu"
     mode = "both"  # polled every interval; NVML events pushed by the watcher thread
     Config = GpuConfig
+    rules = RULES
 
     def __init__(self) -> None:
         self.current = _Current()
@@ -68,7 +69,7 @@ class GpuCheck(Check):
     def codes(self) -> Mapping[str, CodeRule]:
         """Its rules.yaml, and the Xid table (checks/kernel/xid.py): NVML Xid events raise those codes even
         where the kernel check does not run (a container without CAP_SYSLOG)."""
-        return {**xid.codes(), **load_codes(RULES)}
+        return {**xid.codes(), **super().codes()}
 
     def note(self) -> str:
         """Shown once in ListChecks: GPUs whose driver pushes no NVML events (they stay polled)."""
