@@ -89,16 +89,16 @@ class HostCheck(Check):
                                evidence={**where, "errno": str(e.errno)}))
         else:
             free = 100.0 - usage.percent
-            levels = thresholds().disk_space  # what each level means; where they lie, the disk's config says
-            level, limit = ((levels.critical, disk.critical_free_percent) if free < disk.critical_free_percent else
-                            (levels.low, disk.min_free_percent) if free < disk.min_free_percent else (None, 0.0))
-            if level is not None:
-                out.append(Finding(
-                    component=component, code="DISK_SPACE_LOW", kind=FindingKind.STATE, severity=level.severity,
-                    action=level.action,
-                    message=f"{disk.path}: {free:.1f}% free, below {limit:g}%",
-                    evidence={**where, "free_percent": f"{free:.1f}", "free_bytes": str(usage.free),
-                              "total_bytes": str(usage.total), "threshold_percent": f"{limit:g}"}))
+            levels = thresholds().disk_space  # what each level means (where it starts: the disk's config)
+            for level, limit in ((levels.critical, disk.critical_free_percent), (levels.low, disk.min_free_percent)):
+                if free < limit:  # the first level that holds
+                    out.append(Finding(
+                        component=component, code="DISK_SPACE_LOW", kind=FindingKind.STATE, severity=level.severity,
+                        action=level.action,
+                        message=f"{disk.path}: {free:.1f}% free, below {limit:g}%",
+                        evidence={**where, "free_percent": f"{free:.1f}", "free_bytes": str(usage.free),
+                                  "total_bytes": str(usage.total), "threshold_percent": f"{limit:g}"}))
+                    break
         if mount is not None and mount.readonly and disk.readonly_is_fault:
             out.append(Finding(component=component, code="DISK_READONLY", kind=FindingKind.STATE,
                                message=f"{mount.point} ({mount.source}) is mounted read-only",
