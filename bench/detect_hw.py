@@ -33,7 +33,7 @@ from _harness import BenchDaemon, percentile  # noqa: E402
 from detect_nic import measure_nic  # noqa: E402
 
 from checks import BUILTIN  # noqa: E402
-from checks.gpu import normalize_bus_id  # noqa: E402
+from checks.gpu.parse import normalize_bus_id  # noqa: E402
 from robustd.api.v1 import robustd_pb2 as pb  # noqa: E402
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc  # noqa: E402
 from robustd.nvmlemu import state as emu  # noqa: E402

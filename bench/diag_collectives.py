@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/diag_collectives.py [--ranks 4] [--size-mb 4] [--iterations 40] [--warmup 5] [--rounds 3]
 
-Runs `python -m checks.diagnostics.all_to_all` (gloo, CPU ranks) and a bare loop (the same number of
+Runs `python -m stoptests.all_to_all` (gloo, CPU ranks) and a bare loop (the same number of
 processes, the same FileStore rendezvous, the same two buffers filled with the same payload, the
 same warm-up and timed iteration counts) alternately, `--rounds` times each, and prints both bus
 bandwidths (nccl-tests definition: busbw = bytes / time * (n-1)/n, time = mean over ranks) with the
@@ -32,7 +32,7 @@ def bare_rank(rank: int, n: int, words: int, warmup: int, iterations: int, store
     import torch
     import torch.distributed as dist
 
-    from checks.diagnostics.collective_worker import a2a_seed, pattern
+    from stoptests.collective_worker import a2a_seed, pattern
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=n)
@@ -79,7 +79,7 @@ def run_harness(n: int, size_mb: float, warmup: int, iterations: int) -> tuple[f
         path = os.path.join(d, "spec.json")
         Path(path).write_text(json.dumps(spec))
         t = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "checks.diagnostics.all_to_all", "--spec", path], cwd=REPO,
+        proc = subprocess.run([sys.executable, "-m", "stoptests.all_to_all", "--spec", path], cwd=REPO,
                               capture_output=True, timeout=300)
         wall = time.monotonic() - t
     results = [json.loads(line) for line in proc.stdout.decode().splitlines() if line.startswith("{")]

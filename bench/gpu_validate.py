@@ -44,7 +44,7 @@ WOULD = {
     "dcgmi": "dcgmi discovery -l and dcgmi diag -r 1 -j",
     "tracer": "Tracer.CaptureStacks of a torch process holding a CUDA context",
 }
-# pynvml calls the GPU check makes per GPU (checks/gpu.py _static and _poll_gpu), with their arguments.
+# pynvml calls the GPU check makes per GPU (checks/gpu/check.py _static and _poll_gpu), with their arguments.
 POLL_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("temperature", "nvmlDeviceGetTemperatureV", ("NVML_TEMPERATURE_GPU",)),
     ("temperature_legacy", "nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)),
@@ -100,9 +100,9 @@ def _value(v: Any) -> Any:
 
 
 def field_batch_agrees(n: Any, handle: Any) -> dict[str, Any]:
-    """checks/nvml_fields.py's array against pynvml's own nvmlDeviceGetFieldValues, field by field:
+    """checks/gpu/nvml_fields.py's array against pynvml's own nvmlDeviceGetFieldValues, field by field:
     the GPU check reads NVLink state through the former, so its layout must be the driver's."""
-    from checks.nvml_fields import _MEMBER, FieldBatch
+    from checks.gpu.nvml_fields import _MEMBER, FieldBatch
 
     asked = [(n.NVML_FI_DEV_NVLINK_GET_STATE, 0), (n.NVML_FI_DEV_NVLINK_GET_STATE, 1),
              (n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0), (n.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0),
@@ -118,7 +118,7 @@ def field_batch_agrees(n: Any, handle: Any) -> dict[str, Any]:
 def step_nvml() -> Row:
     import pynvml as n
 
-    from checks.gpu_events import TYPE_NAMES, WANTED
+    from checks.gpu.events import TYPE_NAMES, WANTED
 
     n.nvmlInit()
     try:

@@ -6,8 +6,8 @@ the benign lines a healthy GPU host prints. Each line is matched through `RuleSe
 kernel check does for every /dev/kmsg line; its cost is the median of `--repeat` runs. Prints
 p50/p99/mean over the lines and the worst line with its cost. No root needed.
 
-`--rules FILE ...` times another rule set on the same corpus (e.g. a previous kernel.yaml taken
-with `git show REV:checks/rules/kernel.yaml`), so a rule change can be compared before/after.
+`--rules FILE ...` times another rule set on the same corpus (e.g. a previous rules.yaml taken
+with `git show REV:checks/kernel/rules.yaml`), so a rule change can be compared before/after.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import yaml  # noqa: E402
 from _harness import percentile  # noqa: E402
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, RuleSet, load_rules  # noqa: E402
+from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules  # noqa: E402
 
 BENIGN = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "kmsg-benign"
 

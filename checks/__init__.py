@@ -1,9 +1,13 @@
 """Built-in checks, in the order the runner starts them. Nothing registers itself at import.
 
-The live checks are imported on first use (`BUILTIN`, or one of the class names below), not with
-the package: the stop-time children run as `python -m checks.diagnostics.<test>` under
-`diagnostics.python`, an interpreter that has torch but need not have the daemon's own packages
-(pynvml, pyroute2, pydantic), and importing this package must not require them.
+One folder per check (`kernel/`, `nic/`, `gpu/`, `pcie/`, `thermal/`, `host/`), each of the same shape:
+`__init__.py` exports the check class from `check.py`, `config.py` holds its `checks.<name>` settings,
+`parse.py` its pure parsers (where it has any), `rules.yaml` its codes table and thresholds; what the
+checks share is in `common/`. The contract they implement is robustd/check.py.
+
+The checks are imported on first use (`BUILTIN`, or one of the class names below), not with the
+package: importing one check, or a helper of `checks.common`, must not need the others' driver
+libraries (pynvml for gpu, pyroute2 for nic). The stop-time tests are not checks: `stoptests/`.
 """
 
 from __future__ import annotations

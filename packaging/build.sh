@@ -18,7 +18,7 @@ PYBIN=$repo/.venv/bin/python
 # 1. The source as git sees it (tracked + untracked, not ignored), with the version stamped in.
 src=$work/src
 mkdir -p "$src"
-(cd "$repo" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md robustd checks etc systemd man packaging/completion | while IFS= read -r -d '' f; do
+(cd "$repo" && git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md robustd checks stoptests etc systemd man packaging/completion | while IFS= read -r -d '' f; do
     [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp -d --parents -t "$src")
 version=${ROBUSTD_VERSION:-$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$src/robustd/__init__.py")}
 [[ $version =~ ^[0-9]+(\.[0-9]+)*([a-z0-9.+~]*)$ ]] || { echo "bad version: $version" >&2; exit 1; }

@@ -1,4 +1,4 @@
-"""What a check is: the small contract between the runner and every module in `checks/`.
+"""What a check is: the small contract between the runner and every check in `checks/`.
 
 A check observes one thing and reports findings; it never decides severity or eviction.
 It is polled (`poll`, run by the runner in the check's own worker thread under a deadline),
@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import AsyncIterator, Callable, ClassVar, Literal, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict
@@ -21,6 +22,29 @@ from robustd.durations import Duration, PositiveDuration
 from robustd.model import Finding, Report
 from robustd.roots import Roots
 from robustd.traffic import TrafficSnapshot, read_traffic
+
+
+class CheckStatus(StrEnum):
+    """How a check's last run went, as ListChecks shows it (the proto's `CHECK_STATUS_<name>`) and the
+    `robustd_check_status` metric labels it (the name itself)."""
+
+    NOT_YET_RUN = "NOT_YET_RUN"
+    OK = "OK"  # the last poll returned
+    ERROR = "ERROR"  # the last poll raised, or the watcher failed (it is retried)
+    TIMEOUT = "TIMEOUT"  # a poll is stuck past its deadline
+    DISABLED = "DISABLED"  # `checks.<name>.enabled: false`
+    UNSUPPORTED = "UNSUPPORTED"  # `Check.supported` gave a reason it cannot run here
+    WATCHING = "WATCHING"  # a watcher whose source is open
+
+    @property
+    def active(self) -> bool:
+        """The check runs here: its code table counts and what it publishes is read."""
+        return self not in (CheckStatus.DISABLED, CheckStatus.UNSUPPORTED)
+
+    @property
+    def failing(self) -> bool:
+        """Its last poll raised or overran, or its watcher failed."""
+        return self in (CheckStatus.ERROR, CheckStatus.TIMEOUT)
 
 
 class CheckConfig(BaseModel):
@@ -68,7 +92,7 @@ class Check:
     name: ClassVar[str] = ""
     mode: ClassVar[Literal["poll", "watch", "both"]] = "poll"
     Config: ClassVar[type[CheckConfig]] = CheckConfig
-    rules: ClassVar[str | None] = None  # the check's rule file (checks/rules/<name>.yaml): its `codes:` table
+    rules: ClassVar[str | None] = None  # the check's rule file (checks/<name>/rules.yaml): its `codes:` table
 
     def emulated(self) -> str | None:
         """A label when this check reads emulated hardware (shown in every verdict), else None."""

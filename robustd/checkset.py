@@ -33,7 +33,6 @@ BUILTIN_CODES: dict[str, CodeRule] = {
                                  description="robustd cannot write its event log (state disk full, read-only or not "
                                              "responding): verdicts are current, changes wait in memory"),
 }
-INACTIVE = ("DISABLED", "UNSUPPORTED")  # check states whose code tables and publications do not count
 
 
 def discover_checks() -> dict[str, type[Check]]:
@@ -68,7 +67,7 @@ def code_table(states: Sequence[CheckState], settings: Settings) -> CodeTable:
     """Every code's meaning: the daemon's, the running checks', the stop-time tests', then the config's."""
     layers: list[Mapping[str, CodeRule]] = [BUILTIN_CODES]
     for st in states:
-        if st.status not in INACTIVE:
+        if st.status.active:  # a disabled or unsupported check's codes do not count
             try:
                 layers.append(st.check.codes())
             except Exception as e:  # noqa: BLE001 - e.g. rules failed to load; the check already reported it
@@ -81,7 +80,7 @@ def code_table(states: Sequence[CheckState], settings: Settings) -> CodeTable:
 def gpu_inventory(states: Sequence[CheckState]) -> GpuInventory:
     """What the running GPU check published (no GPUs without one)."""
     for st in states:
-        if isinstance(st.check, GpuInventoryProvider) and st.status not in INACTIVE:
+        if isinstance(st.check, GpuInventoryProvider) and st.status.active:
             return st.check.gpu_inventory()
     return NO_GPUS
 
@@ -90,6 +89,6 @@ def traffic(states: Sequence[CheckState]) -> TrafficSnapshot | None:
     """The running NIC check's last traffic snapshot; None when no check publishes one or its poll is failing
     (the GPU check then reads the counters itself: robustd/traffic.py)."""
     for st in states:
-        if isinstance(st.check, TrafficProvider) and st.status not in (*INACTIVE, "ERROR", "TIMEOUT"):
+        if isinstance(st.check, TrafficProvider) and st.status.active and not st.status.failing:
             return st.check.traffic_snapshot()
     return None

@@ -1,7 +1,7 @@
 """The meaning of condition codes: severity, action, stickiness, tolerance, hold-down.
 
 Matching never judges: a check says *what* it saw (a code); this table says what that means.
-Tables come from rule files (e.g. checks/rules/kernel.yaml `codes:`), then `policy.codes` in
+Tables come from rule files (e.g. checks/kernel/rules.yaml `codes:`), then `policy.codes` in
 robustd.yaml overrides them key by key. A key ending in `*` covers every code with that prefix.
 """
 

@@ -283,7 +283,7 @@ class Daemon:
         view = self.engine.view
         conds = view.conditions()
         severity, action = worst(conds)
-        failing = [st.name for st in self.runner.states if st.status in ("ERROR", "TIMEOUT")]
+        failing = [st.name for st in self.runner.states if st.status.failing]
         text = f"{severity.name}" + (f" ({action.name})" if conds else "") + f", {len(conds)} conditions"
         text += f"; checks failing: {', '.join(failing)}" if failing else ""
         return text + (f"; EVENT LOG NOT WRITABLE, {view.events_held} changes held" if view.store_error else "")

@@ -34,7 +34,7 @@ NO_GPUS = GpuInventory()
 
 @runtime_checkable
 class GpuInventoryProvider(Protocol):
-    """A check that publishes the GPU inventory (checks/gpu.py)."""
+    """A check that publishes the GPU inventory (checks/gpu/)."""
 
     def gpu_inventory(self) -> GpuInventory:
         """The last published snapshot (NO_GPUS before the first)."""

@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from robustd import __version__
+from robustd.check import CheckStatus
 from robustd.engine import EngineView
 from robustd.metrics_http import is_loopback, serve, split_address
 from robustd.model import Action, Condition, Severity, worst
@@ -39,7 +40,6 @@ __all__ = ["DaemonProbe", "StateCollector", "is_loopback", "ranked", "serve", "s
 LEVEL = {Severity.OK: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 # Series that always exist (at 0 when nothing is counted), so that `for:` and increase() see a start.
 CONDITION_SEVERITIES = (Severity.WARNING, Severity.CRITICAL)
-CHECK_STATUSES = ("NOT_YET_RUN", "OK", "ERROR", "TIMEOUT", "DISABLED", "UNSUPPORTED", "WATCHING")
 DIAGNOSTIC_OUTCOMES = ("PASS", "FAIL", "ERROR", "CANCELLED")
 
 
@@ -153,8 +153,8 @@ class StateCollector(Collector):
                 dur.add_metric([st.name], st.last_duration)
             runs.add_metric([st.name], st.runs)
             fails.add_metric([st.name], st.failures)
-            for s in CHECK_STATUSES:
-                status.add_metric([st.name, s], 1 if st.status == s else 0)
+            for s in CheckStatus:  # the label is the status's name
+                status.add_metric([st.name, s.value], 1 if st.status is s else 0)
             if st.name == "kernel":
                 kernel_seen = True
                 overruns.add_metric([], getattr(st.check, "overruns", 0))

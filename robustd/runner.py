@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from robustd.check import Check, CheckConfig, CheckContext
+from robustd.check import Check, CheckConfig, CheckContext, CheckStatus
 from robustd.model import Finding, FindingKind, Report
 
 log = logging.getLogger("robustd.runner")
@@ -42,7 +42,7 @@ class CheckState:
 
     check: Check
     config: CheckConfig
-    status: str = "NOT_YET_RUN"  # NOT_YET_RUN OK ERROR TIMEOUT DISABLED UNSUPPORTED WATCHING
+    status: CheckStatus = CheckStatus.NOT_YET_RUN
     last_run: float | None = None
     last_duration: float | None = None
     last_error: str = ""
@@ -95,11 +95,11 @@ class Runner:
         """Start every enabled watcher (e.g. position the kmsg reader). Failures become findings."""
         for st in self.states:
             if not st.config.enabled:
-                st.status = "DISABLED"
+                st.status = CheckStatus.DISABLED
                 continue
             reason = st.check.supported(self.make_context(st.check, st.config))
             if reason:
-                st.status, st.last_error = "UNSUPPORTED", reason
+                st.status, st.last_error = CheckStatus.UNSUPPORTED, reason
                 log.warning("check %s unsupported here: %s", st.name, reason)
                 continue
             if st.check.mode in ("watch", "both"):
@@ -108,11 +108,10 @@ class Runner:
     def run(self) -> None:
         loop = asyncio.get_running_loop()
         beat = BEAT
-        polled = [st for st in self.states if st.check.mode in ("poll", "both")
-                  and st.status not in ("DISABLED", "UNSUPPORTED")]
+        polled = [st for st in self.states if st.check.mode in ("poll", "both") and st.status.active]
         order = {id(st): i for i, st in enumerate(polled)}
         for st in self.states:
-            if st.status in ("DISABLED", "UNSUPPORTED"):
+            if not st.status.active:
                 continue
             if st.check.mode in ("watch", "both"):
                 self._watchers.append(st)
@@ -144,7 +143,7 @@ class Runner:
             if st.worker is not None:
                 st.worker.stop()  # a stuck one never reads this; it is a daemon thread
                 st.worker = None
-            if st.check.mode in ("watch", "both") and st.status not in ("DISABLED", "UNSUPPORTED"):
+            if st.check.mode in ("watch", "both") and st.status.active:
                 closing.append(asyncio.ensure_future(self._close(st)))
         if closing:
             _, hung = await asyncio.wait(closing, timeout=CLOSE_TIMEOUT)
@@ -178,14 +177,14 @@ class Runner:
             return
         if error is not None:
             st.last_duration = took
-            st.status, st.failures = "ERROR", st.failures + 1
+            st.status, st.failures = CheckStatus.ERROR, st.failures + 1
             st.last_error = f"{type(error).__name__}: {error}"
             log.warning("check %s raised %s", st.name, st.last_error)
             self.sink(Report(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",
                                                error=st.last_error),)))
             return
         st.ran(took)
-        st.status, st.last_error, st.stuck_since = "OK", "", None
+        st.status, st.last_error, st.stuck_since = CheckStatus.OK, "", None
         self.sink(Report(st.name, tuple(findings or ())))
 
     def _supervise(self, beat: float) -> None:
@@ -220,7 +219,7 @@ class Runner:
     def _timed_out(self, st: CheckState, first: bool) -> None:
         """A poll is past its deadline: said at once as TIMEOUT, then again every interval while it stays stuck."""
         if first:
-            st.status, st.failures, st.stuck_since = "TIMEOUT", st.failures + 1, st.last_run
+            st.status, st.failures, st.stuck_since = CheckStatus.TIMEOUT, st.failures + 1, st.last_run
             st.last_error = f"poll overran its {st.config.deadline:g}s deadline"
             log.warning("check %s: %s", st.name, st.last_error)
             self.sink(Report(st.name, self._timeout_findings(st, st.config.deadline)))
@@ -248,12 +247,12 @@ class Runner:
         except Exception as e:  # noqa: BLE001
             self._watch_failed(st, e)
             return False
-        st.status = "WATCHING"
+        st.status = CheckStatus.WATCHING
         return True
 
     async def _watch_loop(self, st: CheckState) -> None:
         while True:
-            if st.status == "WATCHING":
+            if st.status is CheckStatus.WATCHING:
                 try:
                     async for report in st.check.reports():
                         st.ran()
@@ -269,11 +268,11 @@ class Runner:
                     except Exception:  # noqa: BLE001
                         log.exception("closing check %s", st.name)
             await asyncio.sleep(WATCH_RETRY)
-            if st.status != "WATCHING":
+            if st.status is not CheckStatus.WATCHING:
                 await self._start_watch(st)
 
     def _watch_failed(self, st: CheckState, e: BaseException) -> None:
-        st.status, st.failures = "ERROR", st.failures + 1
+        st.status, st.failures = CheckStatus.ERROR, st.failures + 1
         st.last_error = f"{type(e).__name__}: {e}"
         log.error("check %s failed: %s (retrying every %gs)", st.name, st.last_error, WATCH_RETRY)
         self.sink(Report(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",

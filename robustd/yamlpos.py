@@ -1,7 +1,7 @@
 """Where in a YAML file a key is: the `file:line` every config and rule-file error starts with.
 
 One helper for the config (robustd/config.py), the code tables (robustd/codes.py), the kernel-log
-rules (checks/kernel_rules.py) and the triage rules (robustd/triage/rules.py).
+rules (checks/kernel/rules.py) and the triage rules (robustd/triage/rules.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The stop-time collectives children (checks/diagnostics/all_to_all.py, all_gather.py and their launcher and
+"""The stop-time collectives children (stoptests/all_to_all.py, all_gather.py and their launcher and
 worker), run as the daemon runs them: gloo on CPU."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from checks.diagnostics.collective_launcher import Launcher
+from stoptests.collective_launcher import Launcher
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = {"size_mb": 0.5, "iterations": 3, "warmup": 1}  # keep every run to a few seconds on 2 cores
@@ -26,7 +26,7 @@ FAKE_GPUS = [{"index": i, "bus_id": f"0000:{0x1b + i:02x}:00.0", "uuid": f"GPU-f
 
 
 class Child:
-    """One `python -m checks.diagnostics.<spec.test> --spec SPEC` run; remembers every descendant it saw."""
+    """One `python -m stoptests.<spec.test> --spec SPEC` run; remembers every descendant it saw."""
 
     def __init__(self, spec: dict[str, Any], tmp: Path, name: str = "spec", python: str = sys.executable,
                  cwd: Path = REPO):
@@ -34,7 +34,7 @@ class Child:
         self.path.write_text(json.dumps(spec))
         self.t0 = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(REPO)}  # as the daemon starts it, from any directory
-        self.proc = subprocess.Popen([python, "-m", f"checks.diagnostics.{spec['test']}", "--spec", str(self.path)],
+        self.proc = subprocess.Popen([python, "-m", f"stoptests.{spec['test']}", "--spec", str(self.path)],
                                      cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.seen: dict[int, float] = {}
         self._watch = threading.Thread(target=self._track, daemon=True)
@@ -182,7 +182,7 @@ def test_bad_spec_cannot_run(tmp_path: Path, extra: dict[str, Any], words: str) 
 
 
 def test_rank_counts_are_bounded_before_any_worker_starts() -> None:
-    from checks.diagnostics.protocol import SpecError
+    from stoptests.protocol import SpecError
 
     base = {"test": "all_to_all", "timeout": 30.0, "backend": "gloo", "faults": {}}
     with pytest.raises(SpecError, match="cpu_ranks must be between 1 and 1024"):

@@ -16,7 +16,7 @@ from robustd.diagnostics.model import Status, TestResult
 
 
 def fake_python(tmp_path: Path, body: str) -> str:
-    """An executable that ignores `-m checks.diagnostics.<test> --spec PATH` and runs `body` instead."""
+    """An executable that ignores `-m stoptests.<test> --spec PATH` and runs `body` instead."""
     script = tmp_path / "body.py"
     script.write_text(textwrap.dedent(body))
     wrapper = tmp_path / "python"

@@ -13,7 +13,7 @@ def test_every_entry_names_a_child_a_section_and_the_codes_its_fails_raise() -> 
     cfg = DiagnosticsConfig()
     codes = CodeTable([table.codes()])
     for name, test in table.TESTS.items():
-        assert test.name == name and test.module == f"checks.diagnostics.{name}"
+        assert test.name == name and test.module == f"stoptests.{name}"
         assert importlib.util.find_spec(test.module) is not None, test.module
         assert getattr(cfg, test.section).timeout > 0, test.section
         assert any(codes.rules_for(test.failed_code)), test.failed_code

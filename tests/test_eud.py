@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from checks.diagnostics.dcgmi import DcgmiOutputError, canonical_test, parse_dcgmi_json
-from checks.diagnostics.eud import requests_eud
-from checks.diagnostics.protocol import Result, emit_progress, emit_result, load_spec, rank_component
+from stoptests.dcgmi import DcgmiOutputError, canonical_test, parse_dcgmi_json
+from stoptests.eud import requests_eud
+from stoptests.protocol import Result, emit_progress, emit_result, load_spec, rank_component
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "dcgmi"
@@ -297,7 +297,7 @@ def run_child(tmp_path: Path, mode: str, command: list[str] | None = None,
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "FAKE_DCGMI_MODE": mode}
-    proc = subprocess.run([sys.executable, "-m", "checks.diagnostics.eud", "--spec", str(spec_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "stoptests.eud", "--spec", str(spec_path)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout + 30)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert all(line["type"] in ("progress", "result") for line in lines)
@@ -408,7 +408,7 @@ def test_child_dcgmi_missing_is_an_error_never_pass_nor_fail(tmp_path: Path) -> 
 def test_child_bad_spec_cannot_run(tmp_path: Path, eud: dict[str, Any], words: str) -> None:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({"test": "eud", "timeout": 30, "gpus": GPUS, "eud": eud, "faults": {}}))
-    proc = subprocess.run([sys.executable, "-m", "checks.diagnostics.eud", "--spec", str(spec_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "stoptests.eud", "--spec", str(spec_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and not proc.stdout  # PROTOCOL.md: could not run; the daemon records an ERROR
     assert proc.stderr.strip().splitlines()[-1].startswith("bad spec: ") and words in proc.stderr
@@ -417,6 +417,6 @@ def test_child_bad_spec_cannot_run(tmp_path: Path, eud: dict[str, Any], words: s
 def test_child_oversized_spec_cannot_run(tmp_path: Path) -> None:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps({"test": "eud", "pad": "x" * (2 << 20)}))
-    proc = subprocess.run([sys.executable, "-m", "checks.diagnostics.eud", "--spec", str(spec_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "stoptests.eud", "--spec", str(spec_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "larger than" in proc.stderr.splitlines()[-1]

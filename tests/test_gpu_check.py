@@ -11,16 +11,18 @@ import pynvml
 import pytest
 from conftest import Daemon
 
-from checks.gpu import GpuCheck, _Gpu, normalize_bus_id
-from checks.nvml_fields import FieldBatch
+from checks.gpu import GpuCheck
+from checks.gpu.config import RULES
+from checks.gpu.device import _Gpu
+from checks.gpu.nvml_fields import FieldBatch
+from checks.gpu.parse import normalize_bus_id
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import load_codes
 from robustd.nvmlemu import build
 from robustd.nvmlemu import state as emu
 from robustd.traffic import read_traffic
 
-CODES = list(load_codes("checks/rules/gpu.yaml" if Path("checks").is_dir() else
-                        str(Path(__file__).resolve().parent.parent / "checks" / "rules" / "gpu.yaml")))
+CODES = list(load_codes(RULES))
 BUS = [normalize_bus_id(emu.healthy_gpu(i).bus_id) for i in range(8)]  # gpu/0000:1b:00.0, ...
 
 
@@ -272,6 +274,24 @@ def test_training_stalled_needs_processes_idle_gpus_and_quiet_network(make_daemo
     assert c.evidence["pids"] == "4242,4243"
     node.set(0, "utilization_gpu", 80)
     node.d.wait_for(lambda v: cond(v, "TRAINING_STALLED") is None, timeout=4)
+
+
+def test_the_xid_table_is_one_for_the_kernel_and_the_gpu_check() -> None:
+    """Both checks raise XID_<n>: the same meanings (checks/kernel/xid.py), and an NVML recovery action means
+    what the kernel line that reports the same action means (the rule XID_154's hints)."""
+    from checks.gpu.events import RECOVERY_LABELS, recovery_meaning
+    from checks.kernel import KernelCheck
+    from checks.kernel.rules import shipped_rules
+
+    kernel = {c: r for c, r in KernelCheck().codes().items() if c.startswith("XID_")}
+    assert len(kernel) > 50 and {c: r for c, r in GpuCheck().codes().items() if c.startswith("XID_")} == kernel
+    for action, label in RECOVERY_LABELS.items():
+        if not action:
+            continue
+        line = f"NVRM: Xid (PCI:0000:2a:00): 154, GPU recovery action changed from 0x0 (None) to 0x{action:x} ({label})"
+        [found] = shipped_rules().match([line])
+        assert found.code == "XID_154"
+        assert recovery_meaning(action) == (f"0x{action:x} ({label})", found.severity, found.action), label
 
 
 def test_bus_ids_are_normalised_as_the_kernel_writes_them() -> None:

@@ -8,19 +8,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from checks.counters import Counter, counter_delta
-from checks.host import (
-    HostCheck,
-    HostConfig,
-    Mount,
-    mount_for,
-    parse_count,
-    parse_meminfo,
-    parse_mounts,
-    parse_psi,
-)
-from checks.pcie import PcieCheck, PcieConfig, parse_aer, parse_hex, parse_link_speed
-from checks.thermal import Sensor, ThermalCheck, judge, parse_millidegrees, read_hwmon, sensor_id
+from checks.common.counters import Counter, counter_delta
+from checks.host import HostCheck
+from checks.host.config import HostConfig
+from checks.host.parse import Mount, mount_for, parse_count, parse_meminfo, parse_mounts, parse_psi
+from checks.pcie import PcieCheck
+from checks.pcie.config import PcieConfig
+from checks.pcie.parse import parse_aer, parse_hex, parse_link_speed
+from checks.thermal import ThermalCheck
+from checks.thermal.check import Sensor, judge, read_hwmon
+from checks.thermal.parse import parse_millidegrees, sensor_id
 from robustd.check import CheckConfig, CheckContext
 from robustd.model import Severity
 from robustd.roots import Roots

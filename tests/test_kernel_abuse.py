@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import bdf, cond, inject_kmsg, need_root
 
-from checks.kernel_rules import (
+from checks.kernel.rules import (
     MAX_LINE_CHARS,
     SHIPPED_RULE_FILES,
     RuleError,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import bdf, inject_kmsg, need_root
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, RuleSet, load_rules
+from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.model import FindingKind
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import KMSG, REAL_BOOT_ID, cond, inject_kmsg, need_root
 
-from checks.kernel import OVERRUN_BURST_S, KernelCheck
-from checks.kmsg import MAX_PENDING_OVERRUNS, KmsgReader
+from checks.kernel import KernelCheck
+from checks.kernel.check import OVERRUN_BURST_S
+from checks.kernel.kmsg import MAX_PENDING_OVERRUNS, KmsgReader
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.check import CheckContext
 from robustd.codes import CodeTable

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, SHIPPED_RULES, RuleError, RuleSet, load_rules, normalize_bdf
+from checks.kernel.rules import SHIPPED_RULE_FILES, SHIPPED_RULES, RuleError, RuleSet, load_rules, normalize_bdf
 from robustd.codes import CodeTable
 from robustd.model import Action, FindingKind, Severity
 

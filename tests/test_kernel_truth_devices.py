@@ -1,7 +1,7 @@
 """Verdict truth on real device kernel lines (issue 12): GPUs, NVLink5, PCIe, mlx5 NICs.
 
 Every line here is a real line from a public report, a peer project's fixture or NVIDIA's own tests
-(the source is named in checks/rules/kernel.yaml next to the rule), with only its PCI address changed
+(the source is named in checks/kernel/rules.yaml next to the rule), with only its PCI address changed
 so that no two tests and no earlier run can be confused. The unit tests go through the shipped rule set
 and its code table, as the policy does; the daemon tests write the lines into the real /dev/kmsg and
 read what a scheduler reads: GetVerdict's conditions (component, code, severity, action).
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 from conftest import Daemon, inject_kmsg, need_root
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, RuleSet, load_rules
+from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeTable
 from robustd.model import Action, FindingKind, Severity
@@ -343,7 +343,7 @@ def test_required_literal_is_in_every_match(rules: RuleSet) -> None:
     hide a match. Checked on every example and counter-example and on hostile lines built from them."""
     from test_rule_timing import example_texts, hostile_lines, shipped_raw
 
-    from checks.kernel_rules import required_literal
+    from checks.kernel.rules import required_literal
 
     raw = shipped_raw()
     examples = [text for r in raw.values() for text in example_texts(r)]
@@ -358,7 +358,7 @@ def test_required_literal_is_in_every_match(rules: RuleSet) -> None:
 def test_required_literal_reads_only_what_is_certain() -> None:
     import re
 
-    from checks.kernel_rules import required_literal
+    from checks.kernel.rules import required_literal
 
     def lit(p: str) -> str:
         return required_literal(re.compile(p, re.ASCII))

@@ -2,7 +2,7 @@
 errors, NVMe controllers and md RAID arrays.
 
 The lines are the kernel's own, from public reports and mailing-list posts (their sources are in
-checks/rules/kernel-host.yaml). First through the rule set, the way the kernel check feeds it (one
+checks/kernel/rules-host.yaml). First through the rule set, the way the kernel check feeds it (one
 line after another into a window), for what each class yields and how often; then through the real
 daemon on the real /dev/kmsg, for the condition a scheduler sees: component, code, severity, action.
 Device names in the daemon tests are unique per run, so lines from other tests never collide.
@@ -20,7 +20,7 @@ import pytest
 from conftest import Daemon, inject_kmsg, need_root
 from test_kernel_benign import corpus
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, RuleSet, load_rules
+from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeTable
 from robustd.model import Action, Finding, Severity

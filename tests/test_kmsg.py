@@ -13,7 +13,8 @@ import pytest
 from conftest import KMSG, REAL_BOOT_ID, need_root
 
 from checks.kernel import KernelCheck
-from checks.kmsg import Joiner, KmsgReader, KmsgRecord, parse_record
+from checks.kernel.kmsg import Joiner, KmsgReader
+from checks.kernel.parse import KmsgRecord, parse_record
 from robustd.check import CheckContext
 from robustd.model import Report
 from robustd.roots import Roots, read_boot_id

@@ -7,7 +7,7 @@ import uuid
 
 from conftest import KMSG, need_root
 
-from checks.kmsg import KmsgReader
+from checks.kernel.kmsg import KmsgReader
 
 
 def _oldest_seq() -> int:

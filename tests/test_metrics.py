@@ -22,7 +22,7 @@ from test_diagnostics import diag_daemon
 from test_diagnostics import run as run_diagnostic
 
 from robustd.api.v1 import robustd_pb2 as pb
-from robustd.check import Check, CheckConfig
+from robustd.check import Check, CheckConfig, CheckStatus
 from robustd.codes import CodeRule, CodeTable
 from robustd.config import ConfigError, Schema, parse_config
 from robustd.engine import Engine
@@ -90,7 +90,8 @@ def probe(**over: Any) -> DaemonProbe:
 
 
 def states() -> list[CheckState]:
-    st = CheckState(check=Poller(), config=CheckConfig(), status="TIMEOUT", last_duration=0.5, runs=7, failures=2)
+    st = CheckState(check=Poller(), config=CheckConfig(), status=CheckStatus.TIMEOUT, last_duration=0.5, runs=7,
+                    failures=2)
     return [st]
 
 
@@ -109,9 +110,25 @@ def test_every_family_follows_prometheus_naming_and_is_the_documented_set(tmp_pa
     assert [v for _, _, v in got["robustd_watchdog_notification_age_seconds"][1]][0] == pytest.approx(3, abs=1)
     status = {s[1]["status"]: s[2] for s in got["robustd_check_status"][1]}
     assert status["TIMEOUT"] == 1 and sum(status.values()) == 1
+    assert set(status) == {"NOT_YET_RUN", "OK", "ERROR", "TIMEOUT", "DISABLED", "UNSUPPORTED", "WATCHING"}
     runs = {s[1]["outcome"]: s[2] for s in got["robustd_diagnostic_runs_total"][1]}
     assert runs == {"PASS": 0, "FAIL": 2, "ERROR": 0, "CANCELLED": 0}
     assert got["robustd_node_severity"][1] == [("robustd_node_severity", {"node": "node-a"}, 2)]
+
+
+def test_check_statuses_are_the_protos_and_the_metrics_labels(tmp_path: Path) -> None:
+    """One enum: ListChecks sends CHECK_STATUS_<name> for each, the metric labels each by its name."""
+    from robustd.api import convert
+
+    names = [s.value for s in CheckStatus]
+    assert names == ["NOT_YET_RUN", "OK", "ERROR", "TIMEOUT", "DISABLED", "UNSUPPORTED", "WATCHING"]
+    assert {f"CHECK_STATUS_{n}" for n in names} == set(pb.CheckStatus.keys()) - {"CHECK_STATUS_UNSPECIFIED"}
+    eng, _ = engine(tmp_path)
+    for s in CheckStatus:
+        st = CheckState(check=Poller(), config=CheckConfig(), status=s)
+        assert pb.CheckStatus.Name(convert.check_info(st).status) == f"CHECK_STATUS_{s.value}"
+        got = scrape(StateCollector(eng.view, "node-a", lambda st=st: [st], probe=probe()))
+        assert {x[1]["status"] for x in got["robustd_check_status"][1] if x[2] == 1} == {s.value}
 
 
 def test_every_family_is_in_the_readme_metrics_table() -> None:

@@ -1,4 +1,4 @@
-"""MiniGPT bitwise replay child (checks/diagnostics/minigpt.py), run as the daemon runs it: a subprocess with a spec.
+"""MiniGPT bitwise replay child (stoptests/minigpt.py), run as the daemon runs it: a subprocess with a spec.
 
 Only the CPU path runs here (one worker per `cpu_ranks`); the verdict logic and component naming are pure
 functions tested directly. This module never imports torch itself.
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from checks.diagnostics.minigpt import RankOutcome, judge, majority, rank_components
 from robustd.diagnostics import golden
 from robustd.diagnostics.launcher import parse_result
 from robustd.diagnostics.model import Status, TestResult
+from stoptests.minigpt import RankOutcome, judge, majority, rank_components
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 8
@@ -32,7 +32,7 @@ def run_raw(tmp_path: Path, name: str, python: str = sys.executable,
     spec.update(overrides)
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(spec))
-    return subprocess.run([python, "-m", "checks.diagnostics.minigpt", "--spec", str(path)], cwd=REPO,
+    return subprocess.run([python, "-m", "stoptests.minigpt", "--spec", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -15,10 +15,12 @@ import pytest
 from conftest import Daemon, need_root
 from test_daemon import Watcher, cond
 
-from checks.counters import RateWindow
-from checks.nic import NicCheck, NicConfig
-from checks.nic.ib import IbPorts, PortState, parse_ib_state, parse_rate
+from checks.common.counters import RateWindow
+from checks.nic import NicCheck
+from checks.nic.config import NicConfig
+from checks.nic.ib import IbPorts
 from checks.nic.netlink import LinkObs, LinkTracker
+from checks.nic.parse import PortState, parse_ib_state, parse_rate
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeTable
 from robustd.model import FindingKind

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checks.kernel_rules import SHIPPED_RULE_FILES, CompiledRule, RuleSet, load_rules
+from checks.kernel.rules import SHIPPED_RULE_FILES, CompiledRule, RuleSet, load_rules
 
 LINE = 4096  # characters per hostile line: 4x the kernel's own record limit
 BOUND_S = 1e-3  # per rule per line

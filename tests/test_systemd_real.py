@@ -74,7 +74,8 @@ def deb_depends() -> list[str]:
 def deb_sources_key() -> str:
     """A hash of everything packaging/build.sh puts into the deb: a rebuilt deb only when one of them changed."""
     paths = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
-                            "pyproject.toml", "README.md", "robustd", "checks", "etc", "systemd", "packaging",
+                            "pyproject.toml", "README.md", "robustd", "checks", "stoptests", "etc", "systemd",
+                            "packaging",
                             "requirements.txt", "Makefile"], cwd=REPO, capture_output=True, check=True,
                            timeout=60).stdout.split(b"\0")
     h = hashlib.sha256()

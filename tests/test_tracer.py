@@ -316,8 +316,8 @@ def test_selection_on_a_proc_tree(tmp_path: Path) -> None:
 
     proc(1, 0, "/sbin/init")
     proc(100, 1, "robustd --config /etc/robustd/robustd.yaml")
-    proc(101, 100, "python -m checks.diagnostics.all_to_all --spec s.json")      # a diagnostics child
-    proc(102, 101, "python -m checks.diagnostics.collective_worker --worker-fd 5")  # its rank process, on a GPU
+    proc(101, 100, "python -m stoptests.all_to_all --spec s.json")      # a diagnostics child
+    proc(102, 101, "python -m stoptests.collective_worker --worker-fd 5")  # its rank process, on a GPU
     proc(200, 1, "torchrun --nproc-per-node 2 pretrain_gpt.py")
     proc(201, 200, "python pretrain_gpt.py --lr 1e-4", {"RANK": "8", "LOCAL_RANK": "0", "WORLD_SIZE": "16"})
     proc(202, 200, "python pretrain_gpt.py --lr 1e-4", {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "x"})

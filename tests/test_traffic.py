@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from checks.gpu import GpuCheck, GpuConfig
+from checks.gpu import GpuCheck
+from checks.gpu.config import GpuConfig
 from checks.nic import NicCheck
 from robustd import checkset
-from robustd.check import CheckConfig, CheckContext
+from robustd.check import CheckConfig, CheckContext, CheckStatus
 from robustd.roots import Roots
 from robustd.runner import CheckState
 from robustd.traffic import TrafficSnapshot, read_traffic
@@ -47,8 +48,8 @@ def test_a_context_reads_the_nic_snapshot_and_falls_back_to_sysfs_without_one(tm
 def test_only_a_running_nic_check_publishes() -> None:
     nic = NicCheck()
     nic._snapshot = TrafficSnapshot(at=1.0, links={"nic/eth0": 3})
-    assert checkset.traffic([CheckState(check=nic, config=CheckConfig(), status="OK")]) is nic._snapshot
-    for status in ("DISABLED", "UNSUPPORTED", "ERROR", "TIMEOUT"):
+    assert checkset.traffic([CheckState(check=nic, config=CheckConfig(), status=CheckStatus.OK)]) is nic._snapshot
+    for status in (CheckStatus.DISABLED, CheckStatus.UNSUPPORTED, CheckStatus.ERROR, CheckStatus.TIMEOUT):
         assert checkset.traffic([CheckState(check=nic, config=CheckConfig(), status=status)]) is None
     assert checkset.traffic([]) is None
 

@@ -1,10 +1,10 @@
 """InfiniBand / RoCE ports read from sysfs (`<ib root>/<dev>/ports/<n>/`), and counter rates.
 
-The NIC check polls these once per interval. Parsers take the text of one sysfs file and are
-tested on literal strings; `IbPorts` turns readings into findings on `ib/<dev>/<port>`.
-`RateWindow` (checks/counters.py, shared with the NIC counters) turns a monotonic counter into a rate over a
-window, and treats a counter that went backwards (driver reload, reset) as a new baseline,
-never as a huge or negative rate.
+The NIC check polls these once per interval. The parsers of each file's text are in
+`checks/nic/parse.py`; `IbPorts` turns readings into findings on `ib/<dev>/<port>`.
+`RateWindow` (checks/common/counters.py, shared with the NIC counters) turns a monotonic counter into
+a rate over a window, and treats a counter that went backwards (driver reload, reset) as a new
+baseline, never as a huge or negative rate.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from __future__ import annotations
 import fnmatch
 import functools
 import os
-import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from checks.counters import RateWindow
-from checks.sysfs import read_text
+from checks.common.counters import RateWindow
+from checks.common.sysfs import read_text
+from checks.nic.parse import PortState, parse_counter, parse_ib_state, parse_rate
 from robustd.model import Finding, FindingKind
 from robustd.traffic import IB_WORD
 
@@ -26,35 +25,6 @@ PHYS_LINKUP = 5  # `phys_state`: "5: LinkUp"
 ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "local_link_integrity_errors",
                   "excessive_buffer_overrun_errors")
 DATA_COUNTERS = ("port_xmit_data", "port_rcv_data")  # in 4-byte words (IBA PortCounters)
-_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S.*?)\s*$")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:Gb/sec\b.*)?$")
-
-
-class PortState(NamedTuple):
-    code: int
-    name: str
-
-
-def parse_ib_state(text: str) -> PortState:
-    """`state` ("4: ACTIVE") or `phys_state` ("5: LinkUp") → (4, "ACTIVE")."""
-    m = _STATE.match(text)
-    if not m:
-        raise ValueError(f"not an IB port state: {text!r} (expected e.g. '4: ACTIVE')")
-    return PortState(int(m.group(1)), m.group(2))
-
-
-def parse_rate(text: str | float | int) -> float:
-    """`rate` ("400 Gb/sec (4X NDR)"), a config value ("400 Gb/sec", "400") or a number → Gb/s."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _RATE.match(text)
-    if not m:
-        raise ValueError(f"not an IB rate: {text!r} (expected e.g. '400 Gb/sec (4X NDR)')")
-    return float(m.group(1))
-
-
-def parse_counter(text: str) -> int:
-    return int(text.strip())
 
 
 @dataclass(frozen=True)
@@ -67,8 +37,6 @@ class PortReading:
     @property
     def active(self) -> bool:
         return self.state.code == IB_ACTIVE and self.phys_state.code == PHYS_LINKUP
-
-
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,6 +1,6 @@
 """Netlink link state for the NIC check: readings, the (netns-aware) socket, dumps, the tracker.
 
-Kept apart from the check (`checks/nic/__init__.py`) so the check itself reads as config, scheduling and counters.
+Kept apart from the check (`checks/nic/check.py`) so the check itself reads as config, scheduling and counters.
 
 pyroute2 decodes the subscription's events (`link_events`) and enters the watched namespace
 (`open_netlink`). The once-a-second RTM_GETLINK dump (`dump_links`) is still decoded by hand

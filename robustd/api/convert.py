@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from robustd import bounds
 from robustd.api.v1 import robustd_pb2 as pb
+from robustd.check import CheckStatus
 from robustd.model import Condition, Event
 from robustd.runner import CheckState
 
@@ -143,9 +144,10 @@ def _varint_size(n: int) -> int:
 
 
 _STATUS = {
-    "NOT_YET_RUN": pb.CHECK_STATUS_NOT_YET_RUN, "OK": pb.CHECK_STATUS_OK, "ERROR": pb.CHECK_STATUS_ERROR,
-    "TIMEOUT": pb.CHECK_STATUS_TIMEOUT, "DISABLED": pb.CHECK_STATUS_DISABLED,
-    "UNSUPPORTED": pb.CHECK_STATUS_UNSUPPORTED, "WATCHING": pb.CHECK_STATUS_WATCHING,
+    CheckStatus.NOT_YET_RUN: pb.CHECK_STATUS_NOT_YET_RUN, CheckStatus.OK: pb.CHECK_STATUS_OK,
+    CheckStatus.ERROR: pb.CHECK_STATUS_ERROR, CheckStatus.TIMEOUT: pb.CHECK_STATUS_TIMEOUT,
+    CheckStatus.DISABLED: pb.CHECK_STATUS_DISABLED, CheckStatus.UNSUPPORTED: pb.CHECK_STATUS_UNSUPPORTED,
+    CheckStatus.WATCHING: pb.CHECK_STATUS_WATCHING,
 }
 
 

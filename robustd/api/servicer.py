@@ -54,7 +54,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
     def _emulated(self) -> list[str]:
         labels = []
         for st in self.checks():
-            if st.status not in ("DISABLED", "UNSUPPORTED") and (label := st.check.emulated()):
+            if st.status.active and (label := st.check.emulated()):
                 labels.append(convert.label(f"{st.name}: {label}"))
         return labels
 

@@ -1,6 +1,6 @@
 """The golden MiniGPT digest: the node digest known to be right for one device, driver and torch.
 
-The child computes the node digest (checks/diagnostics/minigpt.py); this is the one place that
+The child computes the node digest (stoptests/minigpt.py); this is the one place that
 compares it with the recorded golden, after the run, because the key needs what only the daemon
 knows (the driver, the CPU model) and what only the child knows (torch's version).
 """

@@ -1,6 +1,6 @@
 """The child launcher: one stop-time test child, started in its own process group, read line by line, killed whole.
 
-The protocol is in checks/diagnostics/PROTOCOL.md; the module a test runs is its entry in table.py.
+The protocol is in stoptests/PROTOCOL.md; the module a test runs is its entry in table.py.
 The daemon never imports torch; everything heavy happens in these children, and a child that hangs
 is killed with its whole tree.
 
@@ -21,9 +21,9 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from checks.diagnostics.protocol import EXIT_CANNOT_RUN  # stdlib only; cannot_run's last stderr line says why
 from robustd.diagnostics.model import Status, TestResult
 from robustd.diagnostics.table import TESTS
+from stoptests.protocol import EXIT_CANNOT_RUN  # stdlib only; cannot_run's last stderr line says why
 
 KILL_GRACE = 10.0  # seconds past the test's own timeout before the daemon kills the tree
 STDERR_KEEP = 4000
@@ -36,15 +36,15 @@ MAX_ENTRIES = 64  # figures and details per result
 MAX_KEY = 64
 MAX_VALUE = 4000
 REASON_KEEP = 500
-# The directory holding the `checks` package: the children are `python -m checks.diagnostics.<test>`,
+# The directory holding the `stoptests` package: the children are `python -m stoptests.<test>`,
 # found whatever the daemon's working directory and whichever interpreter diagnostics.python names.
-def _checks_root() -> str:
-    spec = importlib.util.find_spec("checks")  # located, not imported
-    assert spec is not None and spec.origin is not None, "the checks package is not installed"
+def _stoptests_root() -> str:
+    spec = importlib.util.find_spec("stoptests")  # located, not imported
+    assert spec is not None and spec.origin is not None, "the stoptests package is not installed"
     return os.path.dirname(os.path.dirname(os.path.abspath(spec.origin)))
 
 
-CHECKS_ROOT = _checks_root()
+STOPTESTS_ROOT = _stoptests_root()
 
 
 @dataclass
@@ -69,7 +69,7 @@ async def run_child(child: Child, python: str, spec: dict[str, Any], spec_path: 
                     on_progress: Callable[[float, str], None]) -> list[TestResult]:
     """Run one test to its results; a crash, a kill, a timeout or a failed start becomes an ERROR result."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = CHECKS_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = STOPTESTS_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)

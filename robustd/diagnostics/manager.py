@@ -264,7 +264,7 @@ class DiagnosticsManager:
 
     def _spec(self, run: Run, test: table.StopTimeTest, work: str, view: GpuInventory, cfg: DiagnosticsConfig
               ) -> dict[str, Any]:
-        """The child's SPEC.json (checks/diagnostics/PROTOCOL.md)."""
+        """The child's SPEC.json (stoptests/PROTOCOL.md)."""
         req = run.request
         gpus = [asdict(g) for g in view.devices if not req.gpus or g.bus_id in req.gpus]  # index, bus_id, uuid, name
         if view.emulated:

@@ -1,6 +1,6 @@
 """The stop-time tests: one entry each, read by the config, the manager and the child launcher.
 
-Adding a test is one child module under checks/diagnostics/ (PROTOCOL.md) and one entry here: the
+Adding a test is one child module under stoptests/ (PROTOCOL.md) and one entry here: the
 config accepts its name in `diagnostics.levels`, the manager runs it (with a rendezvous when it needs
 one) and applies its judgement after the child, the launcher starts its module, and the policy knows
 the codes its FAILs raise (`DIAG_<TEST>_FAILED` on the component the result names).
@@ -50,14 +50,14 @@ class StopTimeTest:
 
 
 TESTS: Mapping[str, StopTimeTest] = {t.name: t for t in (
-    StopTimeTest("eud", "checks.diagnostics.eud", "eud", codes=_hardware("eud")),
-    StopTimeTest("all_to_all", "checks.diagnostics.all_to_all", "collectives", codes=_hardware("all_to_all")),
+    StopTimeTest("eud", "stoptests.eud", "eud", codes=_hardware("eud")),
+    StopTimeTest("all_to_all", "stoptests.all_to_all", "collectives", codes=_hardware("all_to_all")),
     # A peer named by this node's all-gather is the peer's fault, not this node's: keep training, look.
-    StopTimeTest("all_gather", "checks.diagnostics.all_gather", "collectives", needs_rendezvous=True,
+    StopTimeTest("all_gather", "stoptests.all_gather", "collectives", needs_rendezvous=True,
                  codes={"DIAG_ALL_GATHER_*": CodeRule(severity="WARNING", action="HW_INSPECT", clear_after="7d",
                                                       description="a peer node's all-gather data was wrong, "
                                                                   "late or missing")}),
-    StopTimeTest("minigpt", "checks.diagnostics.minigpt", "minigpt",
+    StopTimeTest("minigpt", "stoptests.minigpt", "minigpt",
                  judge=lambda results, ctx: golden.judge(results, ctx.driver, ctx.cpu_model, ctx.golden),
                  codes=_hardware("minigpt")),
 )}

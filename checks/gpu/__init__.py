@@ -1,0 +1,21 @@
+"""The GPU check: NVML polled every interval and its pushed events watched (`check.py`).
+
+The class is imported on first use: `checks.gpu.config` and `checks.gpu.parse` need no pynvml.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # `X as X`: re-exported, as `__all__` says
+    from checks.gpu.check import GpuCheck as GpuCheck
+
+__all__ = ["GpuCheck"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GpuCheck":
+        from checks.gpu.check import GpuCheck
+
+        return GpuCheck
+    raise AttributeError(f"module 'checks.gpu' has no attribute {name!r}")
