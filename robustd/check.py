@@ -2,7 +2,7 @@
 
 A check observes one thing and reports findings; it never decides severity or eviction.
 It is polled (`poll`, run by the runner in the check's own worker thread under a deadline),
-a watcher (`start` positions its source, `reports` yields as the kernel pushes), or both
+a watcher (`start` positions its source, `watch` yields batches as the kernel pushes), or both
 (e.g. netlink link events pushed, counters polled each second).
 """
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration, PositiveDuration
-from robustd.model import Finding, Report
+from robustd.model import Finding, FindingBatch
 from robustd.roots import Roots
 from robustd.traffic import TrafficSnapshot, read_traffic
 
@@ -92,7 +92,7 @@ class Check:
     name: ClassVar[str] = ""
     mode: ClassVar[Literal["poll", "watch", "both"]] = "poll"
     Config: ClassVar[type[CheckConfig]] = CheckConfig
-    rules: ClassVar[str | None] = None  # the check's rule file (checks/<name>/rules.yaml): its `codes:` table
+    rule_file: ClassVar[str | None] = None  # the check's data file (checks/<name>/rules.yaml): its `codes:` table
 
     def emulated(self) -> str | None:
         """A label when this check reads emulated hardware (shown in every verdict), else None."""
@@ -100,7 +100,7 @@ class Check:
 
     def codes(self) -> Mapping[str, CodeRule]:
         """The meaning of the codes this check reports: the `codes:` table of its rule file, if it has one."""
-        return load_codes(self.rules) if self.rules else {}
+        return load_codes(self.rule_file) if self.rule_file else {}
 
     def timeout_findings(self, ctx: CheckContext, stuck_for: float) -> Sequence[Finding] | None:
         """Findings for a poll stuck past its deadline; None means the generic CHECK_TIMEOUT.
@@ -132,7 +132,7 @@ class Check:
     async def start(self, ctx: CheckContext) -> None:
         """Open and position the source. The daemon answers only after every start returned."""
 
-    def reports(self) -> AsyncIterator[Report]:
+    def watch(self) -> AsyncIterator[FindingBatch]:
         raise NotImplementedError
 
     async def close(self) -> None:

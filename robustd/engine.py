@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Protocol
 from robustd.codes import CodeTable, Meaning
 from robustd.hub import Hub, Subscriber
 from robustd.journal import Journal
-from robustd.model import Action, Condition, Event, Finding, FindingKind, Report, Severity
+from robustd.model import Action, Condition, Event, Finding, FindingBatch, FindingKind, Severity
 from robustd.policy import Policy
 from robustd.store import Store, iter_batches
 from robustd.writer import InlineWriter, ThreadWriter
@@ -154,9 +154,9 @@ class Engine:
         self.policy.configure(table, policy)
 
     # -- inputs (event-loop thread) ------------------------------------------------------------
-    def submit(self, report: Report) -> list[Event]:
-        events = self.policy.apply(report.findings, report.check, self.clock())
-        cursors = {report.check: report.cursor} if report.cursor is not None else None
+    def submit(self, batch: FindingBatch) -> list[Event]:
+        events = self.policy.apply(batch.findings, batch.check, self.clock())
+        cursors = {batch.check: batch.cursor} if batch.cursor is not None else None
         if events or cursors:
             self.journal.append(events, cursors)
         return events

@@ -104,7 +104,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Report:
+class FindingBatch:
     """What one check hands the daemon at once: findings and, for stream checks, a cursor.
 
     The cursor (e.g. the last kmsg sequence number handled) is committed in the same

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from robustd.check import Check, CheckConfig, CheckContext, CheckStatus
-from robustd.model import Finding, FindingKind, Report
+from robustd.model import Finding, FindingBatch, FindingKind
 
 log = logging.getLogger("robustd.runner")
 
-Sink = Callable[[Report], Any]
+Sink = Callable[[FindingBatch], Any]
 Standing = Callable[[str, str], bool]  # whether (component, code) is a standing condition (any thread may ask)
 ContextFactory = Callable[[Check, CheckConfig], CheckContext]
 WATCH_RETRY = 5.0
@@ -51,7 +51,7 @@ class CheckState:
     stuck_since: float | None = None
     worker: _PollWorker | None = field(default=None, repr=False)
     ctx: CheckContext | None = field(default=None, repr=False)
-    # `runs` is counted by the loop (watch reports, polls with news) and by the poll thread (quiet polls).
+    # `runs` is counted by the loop (watched batches, polls with news) and by the poll thread (quiet polls).
     _count: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -59,7 +59,7 @@ class CheckState:
         return self.check.name
 
     def ran(self, took: float | None = None) -> None:
-        """One more completed poll or watch report (from any thread)."""
+        """One more completed poll or watched batch (from any thread)."""
         with self._count:
             self.runs += 1
             if took is not None:
@@ -84,12 +84,12 @@ class Runner:
         self._recheck: asyncio.TimerHandle | None = None  # the exact deadline of a poll due before the next beat
         self._watchers: list[CheckState] = []
 
-    def sink(self, report: Report) -> None:
-        """Hand a report to the engine; a failure there is logged, never the end of this check's loop."""
+    def sink(self, batch: FindingBatch) -> None:
+        """Hand a batch of findings to the engine; a failure there is logged, never the end of this check's loop."""
         try:
-            self._sink(report)
+            self._sink(batch)
         except Exception:  # noqa: BLE001 - a poll loop that dies here would stop the check silently
-            log.exception("check %s: its report could not be processed", report.check)
+            log.exception("check %s: its findings could not be processed", batch.check)
 
     async def start_sources(self) -> None:
         """Start every enabled watcher (e.g. position the kmsg reader). Failures become findings."""
@@ -180,15 +180,15 @@ class Runner:
             st.status, st.failures = CheckStatus.ERROR, st.failures + 1
             st.last_error = f"{type(error).__name__}: {error}"
             log.warning("check %s raised %s", st.name, st.last_error)
-            self.sink(Report(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",
+            self.sink(FindingBatch(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",
                                                error=st.last_error),)))
             return
         st.ran(took)
         st.status, st.last_error, st.stuck_since = CheckStatus.OK, "", None
-        self.sink(Report(st.name, tuple(findings or ())))
+        self.sink(FindingBatch(st.name, tuple(findings or ())))
 
     def _supervise(self, beat: float) -> None:
-        """Report polls past their deadline; arm one timer for the earliest deadline due before the next beat."""
+        """FindingBatch polls past their deadline; arm one timer for the earliest deadline due before the next beat."""
         now = time.monotonic()
         earliest: float | None = None
         for st in self.states:
@@ -214,7 +214,7 @@ class Runner:
                 log.exception("check %s: stuck_findings raised", st.name)
                 continue
             if stuck:
-                self.sink(Report(st.name, tuple(stuck)))
+                self.sink(FindingBatch(st.name, tuple(stuck)))
 
     def _timed_out(self, st: CheckState, first: bool) -> None:
         """A poll is past its deadline: said at once as TIMEOUT, then again every interval while it stays stuck."""
@@ -222,10 +222,10 @@ class Runner:
             st.status, st.failures, st.stuck_since = CheckStatus.TIMEOUT, st.failures + 1, st.last_run
             st.last_error = f"poll overran its {st.config.deadline:g}s deadline"
             log.warning("check %s: %s", st.name, st.last_error)
-            self.sink(Report(st.name, self._timeout_findings(st, st.config.deadline)))
+            self.sink(FindingBatch(st.name, self._timeout_findings(st, st.config.deadline)))
         else:
             stuck = self.clock() - (st.stuck_since or self.clock())
-            self.sink(Report(st.name, self._timeout_findings(st, stuck)))
+            self.sink(FindingBatch(st.name, self._timeout_findings(st, stuck)))
 
     def _timeout_findings(self, st: CheckState, stuck: float) -> tuple[Finding, ...]:
         """The check's own words for a stuck poll (e.g. NVML_HANG on the GPU it was asking), else CHECK_TIMEOUT."""
@@ -254,10 +254,10 @@ class Runner:
         while True:
             if st.status is CheckStatus.WATCHING:
                 try:
-                    async for report in st.check.reports():
+                    async for batch in st.check.watch():
                         st.ran()
                         st.last_run = self.clock()
-                        self.sink(report)
+                        self.sink(batch)
                     raise RuntimeError("the watcher's stream ended")
                 except asyncio.CancelledError:
                     raise
@@ -275,7 +275,7 @@ class Runner:
         st.status, st.failures = CheckStatus.ERROR, st.failures + 1
         st.last_error = f"{type(e).__name__}: {e}"
         log.error("check %s failed: %s (retrying every %gs)", st.name, st.last_error, WATCH_RETRY)
-        self.sink(Report(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",
+        self.sink(FindingBatch(st.name, (failure(st.name, "CHECK_ERROR", f"check {st.name} failed: {st.last_error}",
                                            error=st.last_error),)))
 
 
@@ -285,7 +285,7 @@ class _PollWorker:
 
     A poll is quiet when it found nothing new to the engine (nothing, or only "resolved" for conditions
     that do not stand) and the one before it was quiet too (the check is OK): the engine would do nothing
-    with its report, so only the counters ListChecks shows are updated, here. Anything else goes to the
+    with its findings, so only the counters ListChecks shows are updated, here. Anything else goes to the
     loop. The lock settles the race between a poll returning and the heartbeat declaring it overrun:
     whichever takes it first decides, and an overrun poll's result is dropped.
     """

@@ -12,7 +12,7 @@ from robustd.api import convert
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.codes import CodeRule, CodeTable
 from robustd.engine import Engine
-from robustd.model import Action, Condition, Event, EventKind, Finding, Report, Severity
+from robustd.model import Action, Condition, Event, EventKind, Finding, FindingBatch, Severity
 from robustd.policy import Policy
 from robustd.store import Store
 
@@ -106,7 +106,7 @@ def test_the_event_log_holds_only_bounded_events(tmp_path: Path) -> None:
     engine = Engine(Policy(CodeTable([{"XID_79": CodeRule(severity="CRITICAL")}]), "b" * 5000), store)
     huge = Finding(component="gpu/" + "x" * 10_000, code="XID_79", message="m" * 4_000_000,
                    evidence={"reason": "r" * 4_000_000, **{f"k{i}": "v" for i in range(50)}})
-    engine.submit(Report("k" * 5000, (huge,)))
+    engine.submit(FindingBatch("k" * 5000, (huge,)))
     [ev] = store.events_after(0)
     store.close()
     db = sqlite3.connect(tmp_path / "robustd.db")

@@ -9,7 +9,7 @@ from typing import Any
 from robustd.codes import CodeRule, CodeTable
 from robustd.engine import Engine
 from robustd.journal import COMPACT_AT
-from robustd.model import Event, EventKind, Finding, Report
+from robustd.model import Event, EventKind, Finding, FindingBatch
 from robustd.policy import Policy
 from robustd.store import Store
 
@@ -40,10 +40,10 @@ def test_held_events_are_compacted_and_replay_to_the_same_conditions(tmp_path: P
     store.commit = commit  # type: ignore[method-assign]
     xid = Finding(component="gpu/0", code="XID_13", message="app error")
     flap = Finding(component="nic/eth0", code="LINK_FLAP", message="flap")
-    engine.submit(Report("kernel", (flap,)))
+    engine.submit(FindingBatch("kernel", (flap,)))
     for i in range(3 * COMPACT_AT):  # a day-long outage in miniature: one repeat a second
         clock.now += 1
-        engine.submit(Report("kernel", (xid,)))
+        engine.submit(FindingBatch("kernel", (xid,)))
         if i == 100:
             engine.tick()  # the flap's hold-down has passed: CLEARED, held too
     view, held = engine.view, engine.journal.backlog

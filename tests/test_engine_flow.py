@@ -10,7 +10,7 @@ from typing import Any
 from robustd.boots import BootHistory
 from robustd.codes import CodeRule, CodeTable
 from robustd.engine import Engine
-from robustd.model import Action, Event, EventKind, Finding, Report
+from robustd.model import Action, Event, EventKind, Finding, FindingBatch
 from robustd.policy import Policy
 from robustd.store import Store
 
@@ -26,8 +26,8 @@ class Clock:
         return self.now
 
 
-def xid(code: str, component: str = "gpu/0") -> Report:
-    return Report("kernel", (Finding(component=component, code=code, message=f"{code} seen"),))
+def xid(code: str, component: str = "gpu/0") -> FindingBatch:
+    return FindingBatch("kernel", (Finding(component=component, code=code, message=f"{code} seen"),))
 
 
 def engine_on(store: Store, boot: str = "boot-a", clock: Clock | None = None) -> Engine:

@@ -135,7 +135,7 @@ async def test_check_reports_overrun_with_counts_and_logs_once_per_burst(
     caplog.set_level(logging.WARNING, logger=ctx.log.name)
     await check.start(ctx)
     try:
-        it = check.reports()
+        it = check.watch()
         first = await asyncio.wait_for(anext(it), 1)
         f = overrun(first.findings)
         assert (f.component, f.kind) == ("check/kernel", FindingKind.OCCURRENCE)
@@ -169,7 +169,7 @@ async def test_no_overrun_no_finding(tmp_path: Path) -> None:
     check = ScriptedCheck([record(i) for i in range(1, 6)])
     await check.start(make_ctx(tmp_path))
     try:
-        first = await asyncio.wait_for(anext(check.reports()), 1)
+        first = await asyncio.wait_for(anext(check.watch()), 1)
         assert [f for f in first.findings if f.code == "KMSG_OVERRUN"] == []
         assert (check.overruns, check.records_lost) == (0, 0)
     finally:

@@ -16,7 +16,7 @@ from checks.kernel import KernelCheck
 from checks.kernel.kmsg import Joiner, KmsgReader
 from checks.kernel.parse import KmsgRecord, parse_record
 from robustd.check import CheckContext
-from robustd.model import Report
+from robustd.model import FindingBatch
 from robustd.roots import Roots, read_boot_id
 
 # --- parser -----------------------------------------------------------------------------------
@@ -109,11 +109,11 @@ def make_ctx(tmp_path: Path, cursor: dict[str, str] | None = None, **cfg: object
                         cursor=cursor or {})
 
 
-async def next_report(it: AsyncIterator[Report], timeout: float) -> Report:
+async def next_report(it: AsyncIterator[FindingBatch], timeout: float) -> FindingBatch:
     return await asyncio.wait_for(anext(it), timeout)
 
 
-async def wait_for(it: AsyncIterator[Report], pred, timeout: float) -> Report:
+async def wait_for(it: AsyncIterator[FindingBatch], pred, timeout: float) -> FindingBatch:
     deadline = time.monotonic() + timeout
     while True:
         rep = await next_report(it, max(0.01, deadline - time.monotonic()))
@@ -130,7 +130,7 @@ async def test_kernel_check_reports_injected_xid_79(tmp_path: Path) -> None:
     await check.start(ctx)
     try:
         assert "XID_79" in check.codes()
-        it = check.reports()
+        it = check.watch()
         first = await next_report(it, 1)
         boot = read_boot_id(ctx.roots.boot_id)
         assert first.check == "kernel" and first.cursor and first.cursor["boot_id"] == boot
@@ -175,7 +175,7 @@ async def test_resume_reports_only_lines_after_cursor(tmp_path: Path) -> None:
         check = KernelCheck()
         await check.start(make_ctx(tmp_path, cursor, lookback=lookback, rules=[rules]))
         try:
-            first = await next_report(check.reports(), 1)
+            first = await next_report(check.watch(), 1)
             return [f.code for f in first.findings if f.code.startswith("RDT_")]
         finally:
             await check.close()
@@ -192,7 +192,7 @@ async def test_multi_line_record_and_quiet_cursor(tmp_path: Path) -> None:
     check = KernelCheck()
     await check.start(make_ctx(tmp_path, lookback="0s", rules=[_token_rules(tmp_path, token)]))
     try:
-        it = check.reports()
+        it = check.watch()
         await next_report(it, 1)
         write_kmsg(f"{token} first\n{token} second")  # one record carrying two lines
         rep = await wait_for(it, lambda f: f.code == "RDT_PAIR", 1.0)

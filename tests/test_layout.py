@@ -219,7 +219,7 @@ def test_every_check_is_one_folder_of_one_shape_and_nothing_else_is_under_checks
         assert {"__init__.py", "check.py", "config.py", "rules.yaml"} <= files, (cls.name, files)
         assert cls.__module__ == f"checks.{cls.name}.check" and cls.Config.__module__ == f"checks.{cls.name}.config"
         assert getattr(importlib.import_module(f"checks.{cls.name}"), cls.__name__) is cls
-        assert Path(cls.rules or SHIPPED_RULES) == REPO / "checks" / cls.name / "rules.yaml"
+        assert Path(cls.rule_file or SHIPPED_RULES) == REPO / "checks" / cls.name / "rules.yaml"
 
 
 def test_a_checks_config_and_parsers_import_without_any_driver_library() -> None:

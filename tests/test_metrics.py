@@ -27,7 +27,7 @@ from robustd.codes import CodeRule, CodeTable
 from robustd.config import ConfigError, Schema, parse_config
 from robustd.engine import Engine
 from robustd.metrics import DaemonProbe, StateCollector, is_loopback, serve
-from robustd.model import Finding, Report
+from robustd.model import Finding, FindingBatch
 from robustd.policy import Policy
 from robustd.runner import CheckState
 from robustd.store import Store
@@ -67,7 +67,7 @@ def engine(tmp_path: Path, **caps: int) -> tuple[Engine, Clock]:
 
 
 def raise_(eng: Engine, code: str, components: list[str]) -> None:
-    eng.submit(Report("kernel", tuple(Finding(component=c, code=code, message="m") for c in components)))
+    eng.submit(FindingBatch("kernel", tuple(Finding(component=c, code=code, message="m") for c in components)))
 
 
 def scrape(collector: StateCollector) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from robustd.codes import CodeRule, CodeTable
 from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
-from robustd.model import Event, Finding, Report
+from robustd.model import Event, Finding, FindingBatch
 from robustd.policy import Policy
 from robustd.store import Store
 
@@ -56,7 +56,7 @@ def test_held_writes_are_read_at_once_and_go_with_the_next_commit(tmp_path: Path
     assert rows(tmp_path, "SELECT id FROM diagnostic_reports") == [("old",)]  # nothing else on disk yet
     full["on"] = False
     now[0] += 2  # past the retry time
-    engine.submit(Report("kernel", (Finding(component="gpu/0", code="XID_13", message="m"),)))
+    engine.submit(FindingBatch("kernel", (Finding(component="gpu/0", code="XID_13", message="m"),)))
     # One transaction: the event, robustd's own STATE_UNWRITABLE, and both side writes.
     assert commits[0][1] == 2 and commits[0][0] >= 2
     assert sorted(rows(tmp_path, "SELECT id, outcome FROM diagnostic_reports")) == [("new", "PASS"), ("old", "FAIL")]

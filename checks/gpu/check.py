@@ -33,7 +33,7 @@ from checks.kernel import xid
 from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
-from robustd.model import Action, Finding, FindingKind, Report, Severity
+from robustd.model import Action, Finding, FindingBatch, FindingKind, Severity
 from robustd.roots import DEFAULT_NVML_LIBRARY
 
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
@@ -45,7 +45,7 @@ class GpuCheck(Check):
     name = "gpu"
     mode = "both"  # polled every interval; NVML events pushed by the watcher thread
     Config = GpuConfig
-    rules = RULES
+    rule_file = RULES
 
     def __init__(self) -> None:
         self.current = _Current()
@@ -147,12 +147,12 @@ class GpuCheck(Check):
         self._queue = asyncio.Queue(maxsize=1024)
         self._hang_grace = self._config(ctx).deadline
 
-    async def reports(self) -> AsyncIterator[Report]:
+    async def watch(self) -> AsyncIterator[FindingBatch]:
         """The watcher's findings as they come (a hung wait is found by the runner's heartbeat: stuck_findings)."""
         queue = self._queue
         assert queue is not None, "start() first"
         while True:
-            yield Report(self.name, tuple(await queue.get()))
+            yield FindingBatch(self.name, tuple(await queue.get()))
 
     def stuck_findings(self) -> Sequence[Finding] | None:
         """NVML_HANG on `host` while the event wait (or a field read of the watcher) is stuck past its bound."""

@@ -47,7 +47,7 @@ class HostCheck(Check):
     name = "host"
     mode = "poll"
     Config = HostConfig
-    rules = RULES
+    rule_file = RULES
 
     def __init__(self) -> None:
         self._ioerr: Counters[str] = Counters()  # by block device

@@ -27,10 +27,10 @@ from checks.kernel.parse import KmsgRecord
 from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules, shipped_rules
 from robustd.check import Check, CheckConfig, CheckContext, stop_reading
 from robustd.codes import CodeRule
-from robustd.model import Finding, Report
+from robustd.model import Finding, FindingBatch
 from robustd.roots import read_boot_id
 
-CURSOR_EVERY_S = 1.0  # a cursor-only report (nothing matched) goes out at most this often
+CURSOR_EVERY_S = 1.0  # a cursor-only batch (nothing matched) goes out at most this often
 READ_BATCH = 256  # records read per wake-up; the loop runs other work between batches
 OVERRUN_BURST_S = 10.0  # overruns closer than this are one burst: one log line for all of them
 OVERRUN_LOG_EVERY_S = 60.0  # a burst that goes on is logged again this often
@@ -54,7 +54,7 @@ class KernelCheck(Check):
         self._ctx: CheckContext | None = None
         self._boot_id = ""
         self._last_seq = -1
-        self._first: Report | None = None
+        self._first: FindingBatch | None = None
         # Running totals since this check object was made (metrics export them as counters).
         self.overruns: int = 0
         self.records_lost: int = 0
@@ -114,7 +114,7 @@ class KernelCheck(Check):
                 since_us = (time.clock_gettime(time.CLOCK_MONOTONIC) - cfg.lookback) * 1e6
                 findings = self._handle(backlog, lambda r: r.ts_usec >= since_us)
             findings += self._overrun_findings()
-            self._first = Report(check=self.name, findings=tuple(findings), cursor=self._cursor())
+            self._first = FindingBatch(check=self.name, findings=tuple(findings), cursor=self._cursor())
             self._loop.add_reader(self._reader.fileno(), self._on_readable)
         except BaseException:
             self._reader.close()
@@ -223,17 +223,17 @@ class KernelCheck(Check):
             findings += self._overrun_findings()
             if records or findings:
                 self._queue.put_nowait(findings)
-        except Exception as e:  # raised from reports(), where the runner turns it into a finding
+        except Exception as e:  # raised from watch(), where the runner turns it into a finding
             self._queue.put_nowait(e)
             if self._loop is not None:
                 self._loop.remove_reader(self._reader.fileno())
 
-    def reports(self) -> AsyncIterator[Report]:
+    def watch(self) -> AsyncIterator[FindingBatch]:
         if self._first is None:
-            raise RuntimeError("KernelCheck.reports() called before start()")
+            raise RuntimeError("KernelCheck.watch() called before start()")
         return self._iterate(self._first)
 
-    async def _iterate(self, first: Report) -> AsyncIterator[Report]:
+    async def _iterate(self, first: FindingBatch) -> AsyncIterator[FindingBatch]:
         yield first
         last_emit, emitted = time.monotonic(), self._last_seq
         while True:
@@ -249,5 +249,5 @@ class KernelCheck(Check):
                 raise item
             now = time.monotonic()
             if item or (self._last_seq != emitted and now - last_emit >= CURSOR_EVERY_S):
-                yield Report(check=self.name, findings=tuple(item), cursor=self._cursor())
+                yield FindingBatch(check=self.name, findings=tuple(item), cursor=self._cursor())
                 last_emit, emitted = now, self._last_seq

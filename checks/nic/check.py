@@ -33,7 +33,7 @@ from checks.nic.config import RULES, NicConfig
 from checks.nic.ib import IbPorts
 from checks.nic.netlink import LinkObs, LinkTracker, dump_links, link_events, open_netlink
 from robustd.check import Check, CheckContext, stop_reading
-from robustd.model import Finding, FindingKind, Report
+from robustd.model import Finding, FindingBatch, FindingKind
 from robustd.traffic import TrafficSnapshot, ib_bytes
 
 _CLOSED = object()
@@ -45,7 +45,7 @@ class NicCheck(Check):
     name = "nic"
     mode = "both"
     Config = NicConfig
-    rules = RULES
+    rule_file = RULES
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -179,11 +179,11 @@ class NicCheck(Check):
                 with contextlib.suppress(RuntimeError):  # the loop is closed: robustd is exiting
                     loop.call_soon_threadsafe(self._queue.put_nowait, found)
 
-    def reports(self) -> AsyncIterator[Report]:
+    def watch(self) -> AsyncIterator[FindingBatch]:
         return self._iterate(self._first)
 
-    async def _iterate(self, first: list[Finding]) -> AsyncIterator[Report]:
-        yield Report(self.name, tuple(first))
+    async def _iterate(self, first: list[Finding]) -> AsyncIterator[FindingBatch]:
+        yield FindingBatch(self.name, tuple(first))
         while True:
             item = await self._queue.get()
             if item is _CLOSED:
@@ -191,7 +191,7 @@ class NicCheck(Check):
             if isinstance(item, BaseException):
                 raise item
             if item:
-                yield Report(self.name, tuple(item))
+                yield FindingBatch(self.name, tuple(item))
 
     def poll(self, ctx: CheckContext) -> Sequence[Finding]:
         cfg = self._config(ctx)

@@ -62,7 +62,7 @@ class PcieCheck(Check):
     name = "pcie"
     mode = "poll"
     Config = PcieConfig
-    rules = RULES
+    rule_file = RULES
 
     def __init__(self) -> None:
         self._devices: dict[str, _Device] | None = None  # None until the first poll took baselines

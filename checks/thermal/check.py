@@ -112,7 +112,7 @@ class ThermalCheck(Check):
     name = "thermal"
     mode = "poll"
     Config = ThermalConfig
-    rules = RULES
+    rule_file = RULES
 
     def supported(self, ctx: CheckContext) -> str | None:
         path = ctx.roots.sys_path("class", "hwmon")

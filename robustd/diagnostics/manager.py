@@ -42,8 +42,7 @@ from robustd.diagnostics.shelf import Shelf
 from robustd.diagnostics.validate import BadRequest, validate
 from robustd.engine import EngineView
 from robustd.inventory import GpuInventory
-from robustd.model import Action, Finding, FindingKind, Severity
-from robustd.model import Report as FindingReport
+from robustd.model import Action, Finding, FindingBatch, FindingKind, Severity
 
 log = logging.getLogger("robustd.diag")  # the name operators filter the journal by
 SOURCE = "diagnostics"
@@ -73,7 +72,7 @@ class Run:
 
 
 class DiagnosticsManager:
-    def __init__(self, shelf: Shelf, view: EngineView, submit: Callable[[FindingReport], object],
+    def __init__(self, shelf: Shelf, view: EngineView, submit: Callable[[FindingBatch], object],
                  config: Callable[[], DiagnosticsConfig], node: str, state_dir: str,
                  gpu_inventory: Callable[[], GpuInventory], cpu_model: str = ""):
         self.shelf = shelf  # the reports and golden digests (robustd/diagnostics/shelf.py)
@@ -313,7 +312,7 @@ class DiagnosticsManager:
         self._save(r)
         self.outcomes[r.outcome.name] = self.outcomes.get(r.outcome.name, 0) + 1
         if findings:
-            self.submit(FindingReport(SOURCE, tuple(findings)))
+            self.submit(FindingBatch(SOURCE, tuple(findings)))
         outcome = f"OUTCOME_{r.outcome.name}"
         self._publish(run, Progress(id=run.id, phase=Phase.DONE, percent=100.0, report=r, message=outcome))
         for q in run.subscribers:

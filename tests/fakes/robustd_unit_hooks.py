@@ -20,7 +20,7 @@ from typing import AsyncIterator
 
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.durations import PositiveDuration
-from robustd.model import Report
+from robustd.model import FindingBatch
 
 
 class UnitHooksConfig(CheckConfig):
@@ -47,11 +47,11 @@ class UnitHooksCheck(Check):
         while os.path.exists(self.cfg.hold_file) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
 
-    async def reports(self) -> AsyncIterator[Report]:
+    async def watch(self) -> AsyncIterator[FindingBatch]:
         while True:
             await asyncio.sleep(0.2)
             if os.path.exists(self.cfg.hang_file):
                 os.unlink(self.cfg.hang_file)
                 time.sleep(self.cfg.hang_for)  # blocks the event loop on purpose: the hung main loop
             if False:  # an async generator that never yields a report
-                yield Report(self.name)
+                yield FindingBatch(self.name)
