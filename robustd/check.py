@@ -99,8 +99,15 @@ class Check:
         return None
 
     def codes(self) -> Mapping[str, CodeRule]:
-        """The meaning of the codes this check reports: the `codes:` table of its rule file, if it has one."""
+        """The meaning of the codes this check owns: the `codes:` table of its rule file, if it has one."""
         return load_codes(self.rule_file) if self.rule_file else {}
+
+    def borrowed_codes(self) -> Mapping[str, CodeRule]:
+        """Codes this check raises whose meaning another check owns (the GPU check's Xids from NVML events mean
+        what the kernel check's rules say). They sit below every check's own table, so the owner's, an
+        operator's extra rule file included, wins while the owner runs, and they still mean something when it
+        does not."""
+        return {}
 
     def timeout_findings(self, ctx: CheckContext, stuck_for: float) -> Sequence[Finding] | None:
         """Findings for a poll stuck past its deadline; None means the generic CHECK_TIMEOUT.

@@ -64,12 +64,14 @@ def config_schema(check_types: Mapping[str, type[Check]]) -> Schema:
 
 
 def code_table(states: Sequence[CheckState], settings: Settings) -> CodeTable:
-    """Every code's meaning: the daemon's, the running checks', the stop-time tests', then the config's."""
+    """Every code's meaning: the daemon's, the codes running checks borrow, the running checks' own, the
+    stop-time tests', then the config's (a later layer wins, field by field)."""
     layers: list[Mapping[str, CodeRule]] = [BUILTIN_CODES]
-    for st in states:
-        if st.status.active:  # a disabled or unsupported check's codes do not count
+    active = [st for st in states if st.status.active]  # a disabled or unsupported check's codes do not count
+    for part in ("borrowed_codes", "codes"):
+        for st in active:
             try:
-                layers.append(st.check.codes())
+                layers.append(getattr(st.check, part)())
             except Exception as e:  # noqa: BLE001 - e.g. rules failed to load; the check already reported it
                 log.warning("check %s has no code table: %s", st.name, e)
     layers.append(diag_codes())

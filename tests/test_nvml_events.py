@@ -194,7 +194,7 @@ KINDS = {pb.EVENT_KIND_RAISED: "RAISED", pb.EVENT_KIND_UPDATED: "UPDATED", pb.EV
 
 def gpu_node(make_daemon: Any, root: Path, lib: str, interval: str = "60s", kernel: bool = False,  # noqa: F811
              state: emu.EmulatorState | None = None, codes: dict[str, Any] | None = None,
-             timeout: str | None = None) -> tuple[Daemon, str]:
+             timeout: str | None = None, kernel_rules: list[str] | None = None) -> tuple[Daemon, str]:
     """A daemon whose GPU check runs on the emulator. A 60 s poll interval: after the first poll, only the
     event watcher can report within a test's timeouts."""
     path = str(root / "nvml.state")
@@ -203,7 +203,8 @@ def gpu_node(make_daemon: Any, root: Path, lib: str, interval: str = "60s", kern
                                       "emulator_library": lib, "interval": interval}}
     if timeout:
         checks["gpu"]["timeout"] = timeout  # the deadline past which a stuck NVML call is NVML_HANG
-    checks["kernel"] = {"enabled": True, "lookback": "0s"} if kernel else {"enabled": False}
+    checks["kernel"] = ({"enabled": True, "lookback": "0s", "rules": kernel_rules or []} if kernel
+                        else {"enabled": False})
     d = make_daemon({"checks": checks, "policy": {"codes": codes or {}}})
     d.start()
     deadline = time.monotonic() + 20
@@ -273,6 +274,20 @@ def test_each_nvml_event_raises_its_condition_on_the_right_gpu_on_watch_without_
     c = next(c for c in v.conditions if c.code == "XID_79")
     assert c.evidence["source"] == "nvml_event" and c.evidence["emulated"] == "true" and c.evidence["xid"] == "79"
     assert c.source == "gpu"
+    watch.close()
+
+
+def test_an_operators_xid_meaning_in_an_extra_kernel_rule_file_holds_for_nvml_events_too(
+        make_daemon: Any, short_tmp: Path, lib: str) -> None:  # noqa: F811
+    """The GPU check borrows the kernel rules' Xid table; it must not put the shipped meanings back over an
+    operator's own (checks.kernel.rules), or an Xid from NVML would drain what the site said not to."""
+    site = short_tmp / "site-xids.yaml"
+    site.write_text("codes:\n  XID_79: {severity: WARNING, action: RESET_GPU}\n")
+    d, path = gpu_node(make_daemon, short_tmp, lib, kernel=True, kernel_rules=[str(site)])
+    watch = WatchStream(d)
+    edit(path, lambda st: emu.apply_fault(st, 1, "xid", value="79"))
+    got = watch.wait("RAISED", f"gpu/{BUS[1]}", "XID_79")
+    assert got[3:5] == (pb.SEVERITY_WARNING, pb.ACTION_RESET_GPU), got
     watch.close()
 
 

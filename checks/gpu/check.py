@@ -66,10 +66,10 @@ class GpuCheck(Check):
         self._queue: asyncio.Queue[list[Finding]] | None = None
         self._hang_grace = 1.0
 
-    def codes(self) -> Mapping[str, CodeRule]:
-        """Its rules.yaml, and the Xid table (checks/kernel/xid.py): NVML Xid events raise those codes even
-        where the kernel check does not run (a container without CAP_SYSLOG)."""
-        return {**xid.codes(), **super().codes()}
+    def borrowed_codes(self) -> Mapping[str, CodeRule]:
+        """The Xid table (checks/kernel/xid.py): NVML Xid events raise the kernel check's codes, also where the
+        kernel check does not run (a container without CAP_SYSLOG)."""
+        return xid.codes()
 
     def note(self) -> str:
         """Shown once in ListChecks: GPUs whose driver pushes no NVML events (they stay polled)."""
