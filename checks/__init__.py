@@ -12,8 +12,9 @@ libraries (pynvml for gpu, pyroute2 for nic). The stop-time tests are not checks
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from checks.common.exports import lazy
 
 if TYPE_CHECKING:  # `X as X`: re-exported, as `__all__` says
     from checks.gpu import GpuCheck as GpuCheck
@@ -30,11 +31,8 @@ _MODULES = {"KernelCheck": "checks.kernel", "NicCheck": "checks.nic", "GpuCheck"
             "PcieCheck": "checks.pcie", "ThermalCheck": "checks.thermal", "HostCheck": "checks.host"}
 
 __all__ = ["BUILTIN", *_MODULES]
+_export = lazy("checks", _MODULES)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "BUILTIN":
-        return [__getattr__(n) for n in _MODULES]
-    if name in _MODULES:
-        return getattr(importlib.import_module(_MODULES[name]), name)
-    raise AttributeError(f"module 'checks' has no attribute {name!r}")
+    return [_export(n) for n in _MODULES] if name == "BUILTIN" else _export(name)

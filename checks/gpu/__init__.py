@@ -5,17 +5,12 @@ The class is imported on first use: `checks.gpu.config` and `checks.gpu.parse` n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from checks.common.exports import lazy
 
 if TYPE_CHECKING:  # `X as X`: re-exported, as `__all__` says
     from checks.gpu.check import GpuCheck as GpuCheck
 
 __all__ = ["GpuCheck"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GpuCheck":
-        from checks.gpu.check import GpuCheck
-
-        return GpuCheck
-    raise AttributeError(f"module 'checks.gpu' has no attribute {name!r}")
+__getattr__ = lazy("checks.gpu", {"GpuCheck": "checks.gpu.check"})

@@ -5,17 +5,12 @@ The class is imported on first use: `checks.nic.config` and `checks.nic.parse` n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from checks.common.exports import lazy
 
 if TYPE_CHECKING:  # `X as X`: re-exported, as `__all__` says
     from checks.nic.check import NicCheck as NicCheck
 
 __all__ = ["NicCheck"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "NicCheck":
-        from checks.nic.check import NicCheck
-
-        return NicCheck
-    raise AttributeError(f"module 'checks.nic' has no attribute {name!r}")
+__getattr__ = lazy("checks.nic", {"NicCheck": "checks.nic.check"})
