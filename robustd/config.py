@@ -355,7 +355,7 @@ def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str,
     try:
         config = Config.model_validate(core, context=context)
     except ValidationError as e:
-        problems += _describe(e, (), root, source, Config, extra_keys=schema.sections)
+        problems += describe(e, (), root, source, Config, extra_keys=schema.sections)
 
     sections: dict[str, BaseModel] = {}
     for name, model in schema.sections.items():
@@ -363,7 +363,7 @@ def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str,
         try:
             sections[name] = model.model_validate(raw if raw is not None else {}, context=context)
         except ValidationError as e:
-            problems += _describe(e, (name,), root, source, model)
+            problems += describe(e, (name,), root, source, model)
 
     checks: dict[str, CheckConfig] = {}
     raw_checks = data.get("checks") or {}
@@ -379,7 +379,7 @@ def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str,
             try:
                 checks[name] = model.model_validate(section if section is not None else {})
             except ValidationError as e:
-                problems += _describe(e, ("checks", name), root, source, model)
+                problems += describe(e, ("checks", name), root, source, model)
     if config is not None:
         config, folding = _fold_roots(config, checks, root, source)
         problems += folding
@@ -434,11 +434,12 @@ def _set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
     data[path[-1]] = value
 
 
-def _describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | None, source: str,
+def describe(err: ValidationError, prefix: tuple[Any, ...], root: yaml.Node | None, source: str,
               model: type[BaseModel] | None = None, extra_keys: Iterable[str] = ()) -> list[str]:
-    """One line per problem: where (file:line), which key, what is wrong; an unknown key gets the
-    nearest valid key at its level (`did you mean `clear_after`?`), as a typo is the usual cause
-    (`extra_keys`: more valid keys at the top level, the registered sections)."""
+    """One line per problem: where (file:line), which key, what is wrong, for any YAML file a pydantic model
+    validates (robustd.yaml, a check's `thresholds:`). An unknown key gets the nearest valid key at its level
+    (`did you mean `clear_after`?`), as a typo is the usual cause (`extra_keys`: more valid keys at the top
+    level, the registered sections)."""
     out = []
     for item in err.errors():
         loc = prefix + tuple(item["loc"])

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from robustd import yamlpos
 from robustd.codes import ActionName, SeverityName
-from robustd.config import ConfigError
+from robustd.config import ConfigError, describe
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -57,10 +57,4 @@ def load(path: str, model: type[T]) -> T:
     try:
         return model.model_validate(data if data is not None else {})
     except ValidationError as e:
-        problems = []
-        for item in e.errors():
-            loc = ("thresholds", *item["loc"])
-            msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-                item["type"], item["msg"].removeprefix("Value error, "))
-            problems.append(f"{yamlpos.where(root, loc, path)}: {'.'.join(map(str, loc))}: {msg}")
-        raise ThresholdError(problems) from None
+        raise ThresholdError(describe(e, ("thresholds",), root, path, model)) from None
