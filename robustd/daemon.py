@@ -125,8 +125,10 @@ class Daemon:
         table = checkset.code_table(self.runner.states, self.settings)
         self.policy = Policy(table, self.boot_id, boots=BootHistory(self.store.raised_in_boots()))
         self.policy.configure(table, cfg.policy)
-        self.policy.load(self.store.conditions(), time.time())
-        self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()))
+        standing = self.store.conditions()  # read once: the policy takes the conditions, the journal their seqs
+        self.policy.load(standing, time.time())
+        self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()),
+                             standing=standing)
         if self.store.open_error:
             log.error("state_dir %s: the event log cannot be written (%s); serving verdicts from memory and "
                       "retrying every second", cfg.state_dir, self.store.open_error)

@@ -21,7 +21,7 @@ streams get the events once they are on disk.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 from robustd.codes import CodeTable, Meaning
 from robustd.hub import Hub, Subscriber
@@ -137,15 +137,16 @@ class Engine:
     """
 
     def __init__(self, policy: Policy, store: Store, clock: Callable[[], float] = time.time,
-                 writer: InlineWriter | ThreadWriter | None = None):
+                 writer: InlineWriter | ThreadWriter | None = None, standing: Iterable[Condition] = ()):
+        """`standing`: the conditions the log holds at start, as the policy loaded them (their seqs)."""
         self.policy = policy
         self.store = store
         self.clock = clock
         self.hub = Hub()
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
         self._shown: dict[tuple[str, str], tuple[Condition, tuple[int, float], Condition]] = {}  # see snapshot
-        self.journal = Journal(store, clock, writer, on_trouble=self._trouble, on_written=self._written,
-                               on_pruned=policy.pruned)
+        self.journal = Journal(store, clock, writer, standing=standing, on_trouble=self._trouble,
+                               on_written=self._written, on_pruned=policy.pruned)
         self.view = EngineView(self)  # what readers get: never the policy, the journal or the hub themselves
 
     def reload(self, table: CodeTable, policy: PolicySettings) -> None:

@@ -26,9 +26,9 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from robustd.model import Event, EventKind
+from robustd.model import Condition, Event, EventKind
 from robustd.store import Side, Store
 from robustd.writer import InlineWriter, ThreadWriter
 
@@ -71,7 +71,7 @@ class Journal:
     """
 
     def __init__(self, store: Store, clock: Callable[[], float] = time.time,
-                 writer: InlineWriter | ThreadWriter | None = None, *,
+                 writer: InlineWriter | ThreadWriter | None = None, *, standing: Iterable[Condition] = (),
                  on_trouble: Trouble = lambda reason: [],
                  on_written: Callable[[list[Event]], None] = lambda done: None,
                  on_pruned: Callable[[int], None] = lambda through: None):
@@ -87,7 +87,8 @@ class Journal:
         self._writing = 0  # how many of backlog's first events the write in flight carries (0: none in flight)
         self._waiters: dict[int, asyncio.Future[Event]] = {}  # id(event) -> whoever waits for its seq
         self.head = store.head_seq()  # the newest seq written, as told: from here on only commits move it
-        self._seqs: dict[Key, tuple[int, float]] = {c.key: (c.seq, c.changed_at) for c in store.conditions()}
+        # The committed seq of each condition standing at start (the log's, read once by the daemon for the policy too)
+        self._seqs: dict[Key, tuple[int, float]] = {c.key: (c.seq, c.changed_at) for c in standing}
         self._raising: collections.Counter[Key] = collections.Counter()  # held RAISEDs: a new condition, unwritten
         self.written = 0  # events committed since start
         self.error = ""  # why the backlog is not being written; "" while the log is written normally

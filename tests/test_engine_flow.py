@@ -32,8 +32,9 @@ def xid(code: str, component: str = "gpu/0") -> FindingBatch:
 
 def engine_on(store: Store, boot: str = "boot-a", clock: Clock | None = None) -> Engine:
     policy = Policy(TABLE, boot, update_interval=0.0, boots=BootHistory(store.raised_in_boots()))
-    policy.load(store.conditions(), (clock or Clock())())
-    return Engine(policy, store, clock or Clock())
+    standing = store.conditions()
+    policy.load(standing, (clock or Clock())())
+    return Engine(policy, store, clock or Clock(), standing=standing)
 
 
 def failing(store: Store) -> dict[str, bool]:
