@@ -43,6 +43,7 @@ from robustd.engine import Engine
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
 from robustd.policy import Policy
+from robustd.reads import ThreadReads
 from robustd.roots import DEFAULT_CONFIG, read_boot_id
 from robustd.runner import Runner, on_grid
 from robustd.sdnotify import Notifier, fatal, setup_logging
@@ -128,7 +129,7 @@ class Daemon:
         standing = self.store.conditions()  # read once: the policy takes the conditions, the journal their seqs
         self.policy.load(standing, time.time())
         self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()),
-                             standing=standing)
+                             standing=standing, reads=ThreadReads())
         if self.store.open_error:
             log.error("state_dir %s: the event log cannot be written (%s); serving verdicts from memory and "
                       "retrying every second", cfg.state_dir, self.store.open_error)
@@ -137,10 +138,11 @@ class Daemon:
             log.info("boot id is %s (new boot); cleared %d conditions of the previous boot", self.boot_id,
                      len(cleared))
         self.engine.prune(cfg.retention.max_age, cfg.retention.max_events)
-        self.diag = DiagnosticsManager(Shelf(self.store, self.engine.journal), self.engine.view, self.engine.submit,
+        shelf = Shelf(self.store, self.engine.journal, self.engine.reads)
+        self.diag = DiagnosticsManager(shelf, self.engine.view, self.engine.submit,
                                        lambda: self.settings.config.diagnostics, cfg.node_name, cfg.state_dir,
                                        self._gpu_inventory, cpu_model(self.settings.roots()))
-        self.diag.recover()
+        await self.diag.recover()
         self._start_metrics()  # before the socket: a port in use fails the start before any client connects
         self.health = health.aio.HealthServicer()
         self.server = await self._serve()
@@ -208,8 +210,14 @@ class Daemon:
     def _context(self, check: Check, cfg: CheckConfig) -> CheckContext:
         return CheckContext(name=check.name, node_name=self.settings.config.node_name, roots=self.settings.roots(),
                             config=cfg, state_dir=self.settings.config.state_dir,
-                            cursor=self.store.cursor(check.name), log=logging.getLogger(f"robustd.checks.{check.name}"),
+                            cursor=self._cursor(check.name), log=logging.getLogger(f"robustd.checks.{check.name}"),
                             traffic_source=lambda: checkset.traffic(self.runner.states))
+
+    def _cursor(self, check: str) -> dict[str, str]:
+        """Where a stream check resumes: from the log at start, from the journal's memory once it runs (a
+        reload must not read the log on the event loop)."""
+        engine: Engine | None = getattr(self, "engine", None)
+        return self.store.cursor(check) if engine is None else engine.view.cursor(check)
 
     def _gpu_inventory(self) -> GpuInventory:
         """What the running GPU check published (no GPUs without one)."""

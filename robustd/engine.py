@@ -21,16 +21,18 @@ streams get the events once they are on disk.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import AsyncIterator, Callable, Iterable, Protocol
 
 from robustd.codes import CodeTable, Meaning
 from robustd.hub import Hub, Subscriber
 from robustd.journal import Journal
 from robustd.model import Action, Condition, Event, Finding, FindingBatch, FindingKind, Severity
 from robustd.policy import Policy
-from robustd.store import Store, iter_batches
+from robustd.reads import InlineReads, ThreadReads
+from robustd.store import Store
 from robustd.writer import InlineWriter, ThreadWriter
 
+READS_CLOSE_WAIT = 0.2  # how long a stop waits for the reader thread to close its connection
 SETTLE_WAIT = 0.25  # how long GetVerdict and a Watch snapshot wait for writes in flight before answering
 STORE_COMPONENT, STATE_CODE, STORE_SOURCE = "check/store", "STATE_UNWRITABLE", "store"
 STATE_RESOLVED = Finding(component=STORE_COMPONENT, code=STATE_CODE, kind=FindingKind.RESOLVED,
@@ -56,6 +58,7 @@ class EngineView:
         self._policy = engine.policy
         self._journal = engine.journal
         self._store = engine.store
+        self._reads = engine.reads
 
     # -- the verdict, from memory --------------------------------------------------------------
     def conditions(self) -> list[Condition]:
@@ -95,26 +98,42 @@ class EngineView:
         return len(self._journal.backlog)
 
     # -- the event log -------------------------------------------------------------------------
+    # From memory: what the journal knows without asking SQLite.
     def head_seq(self) -> int:
-        """The newest seq written and told, from memory: every event a reader is given has a seq up to it."""
+        """The newest seq written and told: every event a reader is given has a seq up to it."""
         return self._journal.head
 
-    def oldest_seq(self) -> int:
-        return self._store.oldest_seq()
-
     def pruned_through(self) -> int:
-        return self._store.pruned_through()
+        """Retention has deleted every event up to this seq."""
+        return self._journal.pruned
 
-    def query(self, *, since: float | None, component: str, min_severity: int, limit: int,
-              after_seq: int) -> list[Event]:
-        return self._store.query(since=since, component=component, min_severity=min_severity, limit=limit,
-                                 after_seq=after_seq, through=self._journal.head)
+    def cursor(self, check: str) -> dict[str, str]:
+        """Where stream check `check` resumes (its newest cursor)."""
+        return self._journal.cursor(check)
 
-    def events_after(self, seq: int) -> Iterator[Event]:
+    # Off the loop: reads of the log on the reader thread, each within its deadline, else reads.Unreadable.
+    async def query(self, *, since: float | None, component: str, min_severity: int, limit: int,
+                    after_seq: int) -> tuple[list[Event], int]:
+        """The newest `limit` matching events (oldest first, up to the head) and the oldest seq the log holds."""
+        store, head = self._store, self._journal.head
+
+        def read() -> tuple[list[Event], int]:
+            return (store.query(since=since, component=component, min_severity=min_severity, limit=limit,
+                                after_seq=after_seq, through=head), store.oldest_seq())
+        return await self._reads(read)
+
+    async def events_after(self, seq: int, batch: int = 500) -> AsyncIterator[Event]:
         """Every event after `seq` up to the head, in order, read a batch at a time. An event on disk but not
         yet told is left to the hub, which tells it next: a reader never holds a seq past head_seq()."""
-        for batch in iter_batches(self._store, seq, through=lambda: self._journal.head):
-            yield from batch
+        store = self._store
+        while True:
+            head = self._journal.head
+            events = await self._reads(lambda after=seq, through=head: store.events_after(after, batch, through))
+            if not events:
+                return
+            for ev in events:
+                yield ev
+            seq = events[-1].seq
 
     # -- live events ---------------------------------------------------------------------------
     def subscribe(self) -> Subscriber:
@@ -137,10 +156,13 @@ class Engine:
     """
 
     def __init__(self, policy: Policy, store: Store, clock: Callable[[], float] = time.time,
-                 writer: InlineWriter | ThreadWriter | None = None, standing: Iterable[Condition] = ()):
-        """`standing`: the conditions the log holds at start, as the policy loaded them (their seqs)."""
+                 writer: InlineWriter | ThreadWriter | None = None, standing: Iterable[Condition] = (),
+                 reads: InlineReads | ThreadReads | None = None):
+        """`standing`: the conditions the log holds at start, as the policy loaded them (their seqs). `reads`:
+        where reads of the log run once started (robustd/reads.py; at once on the caller's thread if None)."""
         self.policy = policy
         self.store = store
+        self.reads = reads or InlineReads()
         self.clock = clock
         self.hub = Hub()
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
@@ -215,7 +237,13 @@ class Engine:
         self.hub.close()
 
     async def close(self, timeout: float) -> bool:
-        """Write what is held, for at most `timeout` seconds; False if something could not be written."""
+        """Write what is held, for at most `timeout` seconds in all; False if something could not be written.
+
+        The reader thread closes the read connection (waited for briefly: nobody reads any more), then the
+        journal writes and the writer thread closes the write connection last, which checkpoints the log.
+        Each thread closes its own connection, so a stuck disk holds only that thread, never the caller."""
+        store = self.store
+        self.reads.stop(lambda: store.close(writer=False), timeout=min(READS_CLOSE_WAIT, timeout / 4))
         return await self.journal.close(timeout)
 
     # -- readers -------------------------------------------------------------------------------

@@ -87,6 +87,8 @@ class Journal:
         self._writing = 0  # how many of backlog's first events the write in flight carries (0: none in flight)
         self._waiters: dict[int, asyncio.Future[Event]] = {}  # id(event) -> whoever waits for its seq
         self.head = store.head_seq()  # the newest seq written, as told: from here on only commits move it
+        self.pruned = store.pruned_through()  # retention deleted every event up to this seq (see prune)
+        self._known_cursors = store.cursors()  # each stream check's newest cursor: committed, then as handed in
         # The committed seq of each condition standing at start (the log's, read once by the daemon for the policy too)
         self._seqs: dict[Key, tuple[int, float]] = {c.key: (c.seq, c.changed_at) for c in standing}
         self._raising: collections.Counter[Key] = collections.Counter()  # held RAISEDs: a new condition, unwritten
@@ -109,6 +111,11 @@ class Journal:
             return UNWRITTEN
         return self._seqs.get(key, UNWRITTEN)
 
+    def cursor(self, check: str) -> dict[str, str]:
+        """The newest cursor `check` handed in (held or written), else the one the log had at start: what a
+        check made again (a reload) resumes from, without reading the log."""
+        return dict(self._known_cursors.get(check, {}))
+
     def waiting(self, kind: str) -> dict[str, tuple[Any, ...]]:
         """The side writes of `kind` not yet on disk, by key (what a reader must see at once)."""
         return {key: value for (k, key), value in self._side.items() if k == kind}
@@ -126,6 +133,7 @@ class Journal:
         self.backlog.extend(self._held(events))
         if cursors:
             self._cursors.update(cursors)
+            self._known_cursors.update((name, dict(cursor)) for name, cursor in cursors.items())
         if side:
             self._side.update(side)
         self._compact_held()
@@ -190,12 +198,14 @@ class Journal:
                 break
             await asyncio.sleep(0.02)
         clean = not self.backlog and not self._writing
+        # The write connection is closed by the writer thread itself, after what it still has to do: closing
+        # it checkpoints the log (a write), which must never hold the caller on a frozen disk.
+        self.writer.run(lambda: self.store.close(reader=False), lambda _result, _err: None)
         stopped = self.writer.stop(max(0.0, deadline - loop.time()))
         if not clean:
             log.error("stopping with %d events not written to the event log (%s); the checks will report "
                       "standing faults again after the restart", len(self.backlog),
                       self.error or "the write did not finish in time")
-        self.store.close(writer=stopped)
         return clean and stopped
 
     # -- writing ---------------------------------------------------------------------------------
@@ -300,4 +310,5 @@ class Journal:
         if err is not None:  # a full disk must not stop the ticks (and the watchdog)
             log.error("event log retention could not run: %s", err)
         elif through:
+            self.pruned = max(self.pruned, int(through))
             self.on_pruned(int(through))

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import urllib.parse
 from dataclasses import asdict
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from robustd import bounds
 from robustd.model import Action, Condition, Event, EventKind, Severity
@@ -145,9 +145,12 @@ class Store:
             self.db = db
             return
 
-    def close(self, writer: bool = True) -> None:
-        """Close the connections; `writer=False` leaves the write connection to a writer thread still in it."""
-        if self.db is not None:
+    def close(self, writer: bool = True, reader: bool = True) -> None:
+        """Close the connections; `writer=False` leaves the write connection to a writer thread still in it, and
+        `reader=False` the read connection to a reader thread (robustd/reads.py). In the daemon each thread
+        closes its own: closing the last connection of a WAL log checkpoints it, a write, and a connection in
+        use on another thread is waited for — neither may hold the main thread on a frozen disk."""
+        if reader and self.db is not None:
             self.db.close()
             self.db = None
         if writer and self._wdb is not None:
@@ -217,6 +220,10 @@ class Store:
     def cursor(self, check: str) -> dict[str, str]:
         rows = self._rows("SELECT cursor FROM cursors WHERE check_name = ?", (check,))
         return {} if not rows else dict(json.loads(rows[0][0]))
+
+    def cursors(self) -> dict[str, dict[str, str]]:
+        """Every stream check's committed cursor, by check name (read once at start: robustd/journal.py)."""
+        return {str(r[0]): dict(json.loads(r[1])) for r in self._rows("SELECT check_name, cursor FROM cursors")}
 
     def conditions(self) -> list[Condition]:
         return [condition_from_json(r[0]) for r in self._rows("SELECT condition FROM conditions ORDER BY seq")]
@@ -363,15 +370,3 @@ class _Tx:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
-
-
-def iter_batches(store: Store, after: int, batch: int = 500,
-                 through: Callable[[], int] | None = None) -> Iterator[list[Event]]:
-    """Every event after `after`, in seq order, a batch at a time; only up to `through()` (asked per batch)
-    if given."""
-    while True:
-        evs = store.events_after(after, batch, None if through is None else through())
-        if not evs:
-            return
-        yield evs
-        after = evs[-1].seq

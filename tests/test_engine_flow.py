@@ -3,6 +3,7 @@ what a reader is shown never runs ahead of the log."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,12 @@ def test_log_reads_stop_at_the_head_readers_are_told(tmp_path: Path) -> None:
     other.commit([Event(EventKind.RAISED, engine.view.conditions()[0], 5.0)])
     other.close()
     assert store.head_seq() == 2 and engine.view.head_seq() == 1
-    assert [e.seq for e in engine.view.events_after(0)] == [1]
-    assert [e.seq for e in engine.view.query(since=None, component="", min_severity=0, limit=10, after_seq=0)] == [1]
+
+    async def read() -> tuple[list[int], list[int]]:
+        told = [e.seq async for e in engine.view.events_after(0)]
+        page, _oldest = await engine.view.query(since=None, component="", min_severity=0, limit=10, after_seq=0)
+        return told, [e.seq for e in page]
+    assert asyncio.run(read()) == ([1], [1])
     store.close()
 
 

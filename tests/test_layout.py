@@ -68,9 +68,9 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
                    "robustd.triage")},
     # made (a finding), judged (a condition), stored (an event): three pieces that know nothing of each other
     {"made": ("checks",), "judged": ("robustd.policy", "robustd.boots"),
-     "stored": ("robustd.store", "robustd.writer", "robustd.journal")},
-    {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset", "robustd.diagnostics",
-              "robustd.tracer", "robustd.reload", "robustd.authz")},
+     "stored": ("robustd.store", "robustd.writer", "robustd.reads", "robustd.journal")},
+    {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset",
+              "robustd.diagnostics", "robustd.tracer", "robustd.reload", "robustd.authz")},
     {"served": ("robustd.api", "robustd.metrics", "robustd.metrics_http", "robustd.server", "robustd.daemon")},
     # what a client of the API is made of: the adapters' common base, robustctl's views and verbs
     {"clients' base": ("robustd.adapters.common", "robustd.adapters", "robustd.cli")},

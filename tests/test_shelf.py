@@ -1,8 +1,10 @@
-"""The diagnostics' shelf: reports and goldens read at once, written with the journal's next commit, or at
+"""The diagnostics' shelf: reports read (off the loop in the daemon), goldens kept in memory; both written
+with the journal's next commit, or at
 once when no journal drives the store (tools, tests)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,11 @@ def test_a_shelf_without_a_journal_writes_at_once(tmp_path: Path) -> None:
     shelf.save_report("r1", 10.0, "PASS", '{"id": "r1"}', keep=10)
     shelf.set_golden("h200", "abc", "r1", 11.0)
     assert rows(tmp_path, "SELECT id, outcome FROM diagnostic_reports") == [("r1", "PASS")]
-    assert shelf.report("r1") == '{"id": "r1"}' and shelf.reports(5) == ['{"id": "r1"}']
+    assert asyncio.run(shelf.report("r1")) == '{"id": "r1"}' and asyncio.run(shelf.reports(5)) == ['{"id": "r1"}']
     assert shelf.goldens() == [("h200", "abc", "r1", 11.0)]
+    store.close()
+    store = Store(str(tmp_path))
+    assert Shelf(store).goldens() == [("h200", "abc", "r1", 11.0)]  # read once at start, kept in memory
     store.close()
 
 
@@ -50,8 +55,9 @@ def test_held_writes_are_read_at_once_and_go_with_the_next_commit(tmp_path: Path
     shelf.save_report("new", 2.0, "RUNNING", "running", keep=10)
     shelf.save_report("new", 2.0, "PASS", "passed", keep=10)  # replaces the held one
     shelf.set_golden("h200", "abc", "new", 3.0)
-    assert shelf.report("new") == "passed" and shelf.reports(5) == ["passed", "old"]
-    assert shelf.reports(5, outcome="RUNNING") == [] and shelf.reports(5, outcome="FAIL") == ["old"]
+    assert asyncio.run(shelf.report("new")) == "passed" and asyncio.run(shelf.reports(5)) == ["passed", "old"]
+    assert asyncio.run(shelf.reports(5, outcome="RUNNING")) == []
+    assert asyncio.run(shelf.reports(5, outcome="FAIL")) == ["old"]
     assert shelf.goldens() == [("h200", "abc", "new", 3.0)]
     assert rows(tmp_path, "SELECT id FROM diagnostic_reports") == [("old",)]  # nothing else on disk yet
     full["on"] = False
@@ -61,5 +67,5 @@ def test_held_writes_are_read_at_once_and_go_with_the_next_commit(tmp_path: Path
     assert commits[0][1] == 2 and commits[0][0] >= 2
     assert sorted(rows(tmp_path, "SELECT id, outcome FROM diagnostic_reports")) == [("new", "PASS"), ("old", "FAIL")]
     assert rows(tmp_path, "SELECT key, digest FROM goldens") == [("h200", "abc")]
-    assert engine.journal.waiting("report") == {} and shelf.reports(5) == ["passed", "old"]
+    assert engine.journal.waiting("report") == {} and asyncio.run(shelf.reports(5)) == ["passed", "old"]
     store.close()

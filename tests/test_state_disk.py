@@ -5,7 +5,9 @@ read-only tmpfs remounts, real SQLite, real daemon."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -15,7 +17,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Daemon, free_port, need_root, plugin_env, tmpfs
+from conftest import Daemon, bdf, cond, free_port, inject_kmsg, need_root, plugin_env, tmpfs
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
@@ -141,6 +144,127 @@ def test_sigterm_with_a_frozen_state_disk_still_stops_promptly(make_daemon: Any,
     assert d.proc.wait(10) == 0  # the process itself leaves once the kernel lets the stuck thread go
     d.start()  # the standing fault is seen again by its check and written this time
     d.wait_for(lambda v: "TICK_FLAG" in codes(v) and codes(v)["TICK_FLAG"].seq > 0, timeout=5)
+
+
+def xid(addr: str, n: int) -> str:
+    return f"NVRM: Xid (PCI:{addr}): {n}, pid=4242, name=python, frozen-disk test"
+
+
+def answers_within(call: Any, within: float = 1.0) -> Any:
+    """`call()`'s answer, or its UNAVAILABLE saying the log is unreadable, within `within` seconds."""
+    t0 = time.monotonic()
+    try:
+        out = call(within + 1.0)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE and "unreadable" in (e.details() or ""), (e.code(), e.details())
+        out = e
+    took = time.monotonic() - t0
+    assert took < within, f"answered after {took:.2f}s"
+    return out
+
+
+def first_event(stream: Any) -> pb.Event:
+    return next(iter(stream))
+
+
+def test_a_frozen_state_disk_keeps_every_read_rpc_within_a_second_and_the_kernel_log_judged(
+        make_daemon: Any, ext4_disk: Path) -> None:
+    need_root("writing /dev/kmsg")
+    gpu_a, gpu_b, gpu_c = bdf(), bdf(), bdf()
+    d = make_daemon({"state_dir": str(ext4_disk / "state")})
+    d.start()
+    inject_kmsg(xid(gpu_a, 13), xid(gpu_a, 31))
+    head = d.wait_for(lambda v: cond(v, "XID_31") is not None and v.seq >= 2).seq
+    subprocess.run(["fsfreeze", "-f", str(ext4_disk)], check=True)
+    try:
+        inject_kmsg(xid(gpu_b, 79))  # a reboot-class fault while every write blocks
+        deadline = time.monotonic() + 5
+        while (c := cond(quick_verdict(d), "XID_79", f"gpu/{gpu_b}.0")) is None:
+            assert time.monotonic() < deadline, d.log()
+            time.sleep(0.05)
+        assert c.severity == pb.SEVERITY_CRITICAL and c.sticky
+        ch = d.channel()
+        node, diag = pb_grpc.NodeHealthStub(ch), pb_grpc.DiagnosticsStub(ch)
+        healthz = health_pb2_grpc.HealthStub(ch)
+        for _ in range(2):  # the second time a read may still be stuck: refused at once, not queued
+            answers_within(lambda t: node.ListEvents(pb.ListEventsRequest(), timeout=t))
+            answers_within(lambda t: node.ListEvents(pb.ListEventsRequest(after_seq=1, limit=5), timeout=t))
+            answers_within(lambda t: first_event(node.Watch(pb.WatchRequest(from_seq=head - 1), timeout=t)))
+            answers_within(lambda t: diag.List(pb.ListDiagnosticsRequest(), timeout=t))
+            got = answers_within(lambda t: diag.Get(pb.GetDiagnosticRequest(id="no-such-run"), timeout=t))
+            assert isinstance(got, grpc.RpcError) and got.code() in (grpc.StatusCode.NOT_FOUND,
+                                                                     grpc.StatusCode.UNAVAILABLE)
+            answers_within(lambda t: diag.ListGoldens(pb.ListGoldensRequest(), timeout=t))
+            checks = answers_within(lambda t: node.ListChecks(pb.ListChecksRequest(), timeout=t))
+            assert "kernel" in {c.name for c in checks.checks}
+            assert answers_within(lambda t: healthz.Check(health_pb2.HealthCheckRequest(), timeout=t)).status == \
+                health_pb2.HealthCheckResponse.SERVING
+            snap = answers_within(lambda t: first_event(node.Watch(pb.WatchRequest(from_seq=0), timeout=t)))
+            assert snap.snapshot  # a snapshot comes from memory
+        inject_kmsg(xid(gpu_c, 79))  # the kernel log is still read and judged
+        deadline = time.monotonic() + 5
+        while cond(v := quick_verdict(d), "XID_79", f"gpu/{gpu_c}.0") is None:
+            assert time.monotonic() < deadline, d.log()
+            time.sleep(0.05)
+        assert cond(v, "XID_79", f"gpu/{gpu_b}.0") is not None
+        r = d.robustctl("events", timeout=10)  # an operator is told why, at once
+        assert r.returncode != 0 and "unreadable" in r.stderr, r.stdout + r.stderr
+        ch.close()
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(ext4_disk)], check=True)
+    v = d.wait_for(lambda v: v.event_log_error == "" and "STATE_UNWRITABLE" not in codes(v), timeout=15)
+    events = d.stub().ListEvents(pb.ListEventsRequest(limit=1000), timeout=5).events
+    raised = {e.condition.component for e in events if e.kind == pb.EVENT_KIND_RAISED and e.condition.code == "XID_79"}
+    assert raised == {f"gpu/{gpu_b}.0", f"gpu/{gpu_c}.0"}  # nothing decided while frozen was lost
+
+
+def test_sigterm_on_a_frozen_state_disk_removes_the_socket_at_once_and_exits_0_after_the_thaw(
+        make_daemon: Any, ext4_disk: Path, short_tmp: Path) -> None:
+    need_root("writing /dev/kmsg")
+    notify_path = str(short_tmp / "notify.sock")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    d = make_daemon({"state_dir": str(ext4_disk / "state")}, env={"NOTIFY_SOCKET": notify_path})
+    d.start()
+    inject_kmsg(xid(bdf(), 13))
+    d.wait_for(lambda v: "XID_13" in codes(v) and v.seq >= 1)
+    subprocess.run(["fsfreeze", "-f", str(ext4_disk)], check=True)
+    thawed = False
+    try:
+        inject_kmsg(xid(bdf(), 79))
+        d.wait_for(lambda v: "XID_79" in codes(v))
+        with d.channel() as ch, pytest.raises(grpc.RpcError):  # a read of the log sleeps in the kernel now
+            pb_grpc.NodeHealthStub(ch).ListEvents(pb.ListEventsRequest(), timeout=1.5)
+        time.sleep(0.3)  # and the write of XID_79 is stuck in the kernel on the writer thread
+        while True:  # what the daemon told systemd so far
+            try:
+                notify.settimeout(0.05)
+                notify.recv(4096)
+            except TimeoutError:
+                break
+        assert d.proc is not None
+        t0 = time.monotonic()
+        d.signal(signal.SIGTERM)
+        notify.settimeout(2.0)
+        assert "STOPPING=1" in notify.recv(4096).decode()
+        while os.path.exists(d.socket):
+            assert time.monotonic() - t0 < 2.0, f"the socket is still there after 2s\n{d.log()}"
+            time.sleep(0.02)
+        with socket.socket(socket.AF_UNIX) as s, pytest.raises(OSError):
+            s.connect(d.socket)  # no new calls
+        time.sleep(max(0.0, 2.5 - (time.monotonic() - t0)))
+        assert "not written to the event log" in d.log(), d.log()
+        subprocess.run(["fsfreeze", "-u", str(ext4_disk)], check=True)
+        thawed, t1 = True, time.monotonic()
+        code = d.proc.wait(5)
+        took = time.monotonic() - t1
+    finally:
+        notify.close()
+        if not thawed:
+            subprocess.run(["fsfreeze", "-u", str(ext4_disk)], check=True)
+    assert code == 0, d.log()
+    assert took < 1.0, f"gone {took:.2f}s after the thaw"
+    assert "Traceback" not in d.log() and "exiting now" not in d.log(), d.log()
 
 
 def test_a_read_only_state_dir_at_start_starts_degraded_and_writes_once_writable(make_daemon: Any,

@@ -13,6 +13,7 @@ from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.bounds import echo
 from robustd.diagnostics.manager import BadRequest, Busy, DiagnosticsManager, Refused
+from robustd.reads import Unreadable
 
 
 class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
@@ -37,7 +38,10 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
             yield convert.progress(msg)
 
     async def Get(self, request: pb.GetDiagnosticRequest, context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
-        report = self.manager.get(request.id)
+        try:
+            report = await self.manager.get(request.id)
+        except Unreadable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {echo(request.id)}")
         return convert.report(report)
@@ -46,20 +50,29 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
                    context: grpc.aio.ServicerContext) -> pb.ListDiagnosticsResponse:
         if request.limit < 0 or request.limit > 1000:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit must be between 0 and 1000")
-        return pb.ListDiagnosticsResponse(reports=[convert.report(r) for r in self.manager.list(request.limit or 20)])
+        try:
+            reports = await self.manager.list(request.limit or 20)
+        except Unreadable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return pb.ListDiagnosticsResponse(reports=[convert.report(r) for r in reports])
 
     async def Cancel(self, request: pb.CancelDiagnosticRequest,
                      context: grpc.aio.ServicerContext) -> pb.DiagnosticReport:
-        report = await self.manager.cancel(request.id)
+        try:
+            report = await self.manager.cancel(request.id)
+        except Unreadable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         if report is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no diagnostic {echo(request.id)}")
         return convert.report(report)
 
     async def RecordGolden(self, request: pb.RecordGoldenRequest, context: grpc.aio.ServicerContext) -> pb.Golden:
         try:
-            return convert.golden(self.manager.record_golden(request.report_id))
+            return convert.golden(await self.manager.record_golden(request.report_id))
         except BadRequest as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except Unreadable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     async def ListGoldens(self, request: pb.ListGoldensRequest,
                           context: grpc.aio.ServicerContext) -> pb.ListGoldensResponse:

@@ -18,6 +18,7 @@ from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.engine import EngineView, NotWritten
 from robustd.model import Event, EventKind, Severity, worst
+from robustd.reads import Unreadable
 from robustd.runner import CheckState
 
 MAX_LIMIT = 10_000
@@ -85,17 +86,23 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                         f"events after seq {last} up to {pruned} are past retention; "
                                         "re-snapshot with from_seq=0 (or GetVerdict, then watch from its seq)")
-            for ev in view.events_after(last):
-                yield convert.event_within(ev, limit)
-                last = ev.seq
+            try:
+                async for ev in view.events_after(last):
+                    yield convert.event_within(ev, limit)
+                    last = ev.seq
+            except Unreadable as e:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, _resume_later(e, last))
             while True:
                 if sub.lagged:  # fell behind the live queue: drop it and re-read the log
                     while not sub.queue.empty():
                         sub.queue.get_nowait()
                     sub.lagged = False
-                    for ev in view.events_after(last):
-                        yield convert.event_within(ev, limit)
-                        last = ev.seq
+                    try:
+                        async for ev in view.events_after(last):
+                            yield convert.event_within(ev, limit)
+                            last = ev.seq
+                    except Unreadable as e:
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, _resume_later(e, last))
                     continue
                 if sub.queue.empty():
                     if sub.closed:  # the daemon is stopping: end the stream; the client resumes by seq
@@ -125,9 +132,13 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         except requests.Invalid as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         view = self.view
-        events = view.query(since=since, component=request.component, min_severity=request.min_severity,
-                             limit=request.limit or 100, after_seq=after_seq)
-        resp = pb.ListEventsResponse(oldest_seq=view.oldest_seq(), head_seq=view.head_seq())
+        try:
+            events, oldest = await view.query(since=since, component=request.component,
+                                              min_severity=request.min_severity, limit=request.limit or 100,
+                                              after_seq=after_seq)
+        except Unreadable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{e}; GetVerdict answers from memory meanwhile")
+        resp = pb.ListEventsResponse(oldest_seq=oldest, head_seq=view.head_seq())
         budget = self.limit - resp.ByteSize() - HEADROOM
         out: list[pb.Event] = []
         used = 0
@@ -163,3 +174,8 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         except NotWritten as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return pb.AcknowledgeResponse(event=convert.event_within(ev, self.limit))
+
+
+def _resume_later(e: Unreadable, last: int) -> str:
+    return (f"{e}; watch again from seq {last} once it answers, or from_seq=0 for a snapshot from memory "
+            "(GetVerdict answers meanwhile)")

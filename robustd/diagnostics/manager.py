@@ -89,9 +89,9 @@ class DiagnosticsManager:
         self.outcomes: dict[str, int] = {}  # finished runs since start, by outcome name (robustd/metrics.py)
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def recover(self) -> None:
+    async def recover(self) -> None:
         """Reports left RUNNING by a daemon that died mid-run are closed as errors."""
-        for text in self.shelf.reports(1000, outcome=Outcome.RUNNING.name):
+        for text in await self.shelf.reports(1000, outcome=Outcome.RUNNING.name):
             r = report_from_json(text)
             r.outcome, r.message = Outcome.ERROR, "the daemon stopped during this run"
             self._save(r)
@@ -167,28 +167,29 @@ class DiagnosticsManager:
     async def cancel(self, run_id: str) -> Report | None:
         run = self.running
         if run is None or run.id != run_id:
-            return self.get(run_id)
+            return await self.get(run_id)
         run.cancelled = True
         if run.child is not None:
             run.child.kill("cancelled")
         if run.task is not None:
             await asyncio.shield(run.task)
-        return self.get(run_id)
+        return await self.get(run_id)
 
-    def get(self, run_id: str) -> Report | None:
+    async def get(self, run_id: str) -> Report | None:
+        """A report (the running one from memory); reads.Unreadable if the log does not answer in time."""
         if self.running is not None and self.running.id == run_id:
             return self.running.report
-        text = self.shelf.report(run_id)
+        text = await self.shelf.report(run_id)
         return None if text is None else report_from_json(text)
 
-    def list(self, limit: int) -> list[Report]:
-        return [report_from_json(t) for t in self.shelf.reports(limit)]
+    async def list(self, limit: int) -> list[Report]:
+        return [report_from_json(t) for t in await self.shelf.reports(limit)]
 
-    def record_golden(self, report_id: str) -> Golden:
+    async def record_golden(self, report_id: str) -> Golden:
         if report_id:
-            report = self.get(report_id)
+            report = await self.get(report_id)
         else:
-            report = next((r for r in self.list(200)
+            report = next((r for r in await self.list(200)
                            if r.outcome == Outcome.PASS and golden.node_result(r.results)), None)
         host = golden.node_result(report.results) if report is not None else None
         if report is None or host is None or report.outcome != Outcome.PASS:
