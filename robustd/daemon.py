@@ -42,6 +42,7 @@ from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
+from robustd.owned import Owned
 from robustd.policy import Policy
 from robustd.reads import ThreadReads
 from robustd.roots import DEFAULT_CONFIG, read_boot_id
@@ -124,7 +125,8 @@ class Daemon:
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
         table = checkset.code_table(self.runner.states, self.settings)
-        self.policy = Policy(table, self.boot_id, boots=BootHistory(self.store.raised_in_boots()))
+        owned = Owned(lambda: self.settings.roots().sys, lambda: [g.bus_id for g in self._gpu_inventory().devices])
+        self.policy = Policy(table, self.boot_id, boots=BootHistory(self.store.raised_in_boots()), owned=owned)
         self.policy.configure(table, cfg.policy)
         standing = self.store.conditions()  # read once: the policy takes the conditions, the journal their seqs
         self.policy.load(standing, time.time())

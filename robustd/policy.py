@@ -16,11 +16,17 @@ name any number of components, and every condition is in every GetVerdict:
 - a finding that would raise one more folds into the **fold-over** condition of its code on
   `<family>/*` (`gpu/*`: the component up to its first `/`; `*` for a component without one): same
   code, the worst severity and action it folded, sticky if any folded one is, and the number of
-  distinct components folded in its message and in evidence (`folded`, with `examples`);
+  distinct components folded in its message and in evidence (`folded`, with the first ones folded in
+  `examples` and the newest in `newest`: a flood's start and what it is doing now);
 - at most `max_foldovers` fold-overs stand at once; past that, findings fold into the single
-  catch-all condition `*` / `CONDITIONS_OVERFLOW`, which names the codes it folded.
+  catch-all condition `*` / `CONDITIONS_OVERFLOW`, which names the codes it folded;
+- a component the node really has (`owned`: the GPUs NVML lists, the devices sysfs shows; see
+  robustd/owned.py) is never folded while fewer than 2 x max_conditions ordinary conditions stand:
+  folding is for names the node does not have, and a real GPU's XID_79 must stand on its own bus id
+  however many made-up ones a flood raised first. Made-up names can take at most max_conditions, so
+  the node's own always have the other max_conditions.
 
-So at most max_conditions + max_foldovers + 1 conditions stand (1,065 with the defaults), and no
+So at most 2 x max_conditions + max_foldovers + 1 conditions stand (2,065 with the defaults), and no
 finding is ever dropped: it is in its own condition, a fold-over or the catch-all. A fold-over is
 refreshed by each finding it folds and clears by its own hold-down (the longest of the codes it
 folded), or by acknowledgement or reboot like any condition; it never clears because one folded
@@ -45,7 +51,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from robustd import bounds
 from robustd.boots import BootHistory
@@ -89,21 +95,29 @@ class _Track:
 
 @dataclass
 class _Distinct:
-    """Distinct values a fold-over stands for, counted by hash; the first FOLD_EXAMPLES are named in its text."""
+    """Distinct values a fold-over stands for, counted by hash; the first FOLD_EXAMPLES and the newest
+    FOLD_EXAMPLES are named in its text."""
 
     count: int = 0  # a lower bound once MAX_FOLD_TRACKED is spent
     hashes: set[int] = field(default_factory=set)
     examples: list[str] = field(default_factory=list)
+    newest: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=FOLD_EXAMPLES))
 
     def text(self) -> str:
         return ", ".join(self.examples) + (", ..." if self.count > len(self.examples) else "")
 
+    def newest_text(self) -> str:
+        """The newest values, newest first ("" while they are all among the first)."""
+        return ", ".join(reversed(self.newest)) if self.count > len(self.examples) else ""
+
     @classmethod
-    def restored(cls, listed: str, count: str | None = None) -> _Distinct:
-        """From a committed condition's evidence: its examples, and the count it had reached."""
+    def restored(cls, listed: str, count: str | None = None, newest: str = "") -> _Distinct:
+        """From a committed condition's evidence: its examples, the newest, and the count it had reached."""
         examples = [e for e in listed.split(", ") if e and e != "..."][:FOLD_EXAMPLES]
         n = int(count) if count is not None and count.isdigit() else len(examples)
-        return cls(count=n, hashes={hash(x) for x in examples}, examples=examples)
+        recent = collections.deque(reversed([e for e in newest.split(", ") if e][:FOLD_EXAMPLES]),
+                                   maxlen=FOLD_EXAMPLES)
+        return cls(count=n, hashes={hash(x) for x in examples}, examples=examples, newest=recent)
 
 
 @dataclass
@@ -127,6 +141,7 @@ class Policy:
     max_conditions_per_code: int = 64  # policy.max_conditions_per_code
     max_conditions: int = 1000  # policy.max_conditions
     max_foldovers: int = 64  # fold-over conditions standing at once (the catch-all comes on top)
+    owned: Callable[[str], bool] = field(default=lambda component: False)  # the node has it: never folded
     conditions: dict[Key, Condition] = field(default_factory=dict)
     _tracks: dict[Key, _Track] = field(default_factory=dict)
     _recent: dict[Key, collections.deque[float]] = field(default_factory=dict)  # oldest use first
@@ -353,8 +368,10 @@ class Policy:
     def _fold_target(self, key: Key) -> Key | None:
         """None while `key` may have a condition of its own; else the fold-over that takes it."""
         component, code = key
-        if len(self.conditions) - len(self._folds) < self.max_conditions and \
-                self._per_code[code] < self.max_conditions_per_code:
+        ordinary = len(self.conditions) - len(self._folds)
+        if ordinary < self.max_conditions and self._per_code[code] < self.max_conditions_per_code:
+            return None
+        if ordinary < 2 * self.max_conditions and self.owned(component):
             return None
         fold = (fold_component(component), code)
         if fold in self._folds or (fold not in self.conditions and
@@ -410,12 +427,15 @@ class Policy:
         if h in seen.hashes:
             return False
         if self._tracked >= MAX_FOLD_TRACKED:
+            if value not in seen.newest:  # new or not, it is what the flood names now
+                seen.newest.append(value)
             return None
         seen.hashes.add(h)
         self._tracked += 1
         seen.count += 1
         if len(seen.examples) < FOLD_EXAMPLES:
             seen.examples.append(value)
+        seen.newest.append(value)
         return True
 
     # -- shared --------------------------------------------------------------------------------
@@ -482,6 +502,9 @@ def _fold_text(key: Key, fold: _Fold) -> tuple[str, dict[str, str]]:
         family = "components" if component == "*" else f"{component[:-2]} components"
         message = f"{n} more {family} with {code} than {fold.limit} allows, folded here; e.g. {examples}"
         evidence = {"folded": str(folded), "limit": fold.limit, "examples": examples}
+    if newest := fold.components.newest_text():
+        message += f"; newest {newest}"
+        evidence["newest"] = newest
     if not fold.exact:
         evidence["folded_exact"] = "false"
     return bounds.text(message, bounds.MAX_MESSAGE), evidence
@@ -489,7 +512,8 @@ def _fold_text(key: Key, fold: _Fold) -> tuple[str, dict[str, str]]:
 
 def _restored_fold(c: Condition) -> _Fold:
     """A fold-over from the event log: its count goes on from the committed one."""
-    components = _Distinct.restored(c.evidence.get("examples", ""), c.evidence.get("folded", "0"))
+    components = _Distinct.restored(c.evidence.get("examples", ""), c.evidence.get("folded", "0"),
+                                    c.evidence.get("newest", ""))
     components.hashes = set()  # the committed examples are not re-counted: only the count goes on
     return _Fold(limit=c.evidence.get("limit", ""), components=components,
                  codes=_Distinct.restored(c.evidence.get("codes", "")))

@@ -258,3 +258,43 @@ def test_a_storm_of_ten_thousand_gpus_folds_and_the_verdict_stays_small(make_dae
     assert ack.event.kind == pb.EVENT_KIND_CLEARED
     assert not any(c.component == "gpu/*" for c in d.verdict().conditions)
     no_traceback(d)
+
+
+def test_a_real_gpus_fault_stands_on_its_own_after_a_flood_of_made_up_bus_ids(make_daemon: Any,
+                                                                              short_tmp: Path) -> None:
+    need_root("writing /dev/kmsg")
+    from robustd.nvmlemu import build
+    from robustd.nvmlemu import state as emu
+
+    dom = domain()
+    real = f"{0x1000_0000 + uuid.uuid4().int % 0xefff_ffff:08x}:3b:00.0"  # the one GPU NVML lists
+    st = emu.healthy_node(1)
+    st.gpus[0].bus_id = f"{real[:-4].upper()}:00.0"  # NVML's form of the same address
+    nvml = str(short_tmp / "nvml.state")
+    emu.save(nvml, st)
+    d = make_daemon({"checks": {"gpu": {"enabled": True, "backend": "emulator", "emulator_state": nvml,
+                                        "emulator_library": build.build_emulator(str(short_tmp / "emu")),
+                                        "interval": "200ms"}}})
+    d.start()
+    d.wait_for(lambda v: any(c.name == "gpu" and c.status == pb.CHECK_STATUS_OK
+                             for c in d.stub().ListChecks(pb.ListChecksRequest(), timeout=5).checks), timeout=15)
+    fakes = [f"{dom}:{i:02x}:00" for i in range(100)]  # a flood of bus ids this node does not have
+
+    def folded(v: pb.Verdict) -> int:
+        own = sum(1 for c in v.conditions if c.component.startswith(f"gpu/{dom}:"))
+        fold = next((c for c in v.conditions if c.component == "gpu/*" and c.code == "XID_79"), None)
+        return own + (int(fold.evidence["folded"]) if fold is not None else 0)
+
+    feed(d, [xid_line(b, 79, "GPU has fallen off the bus.") for b in fakes], folded, step=50)
+    inject_kmsg(xid_line(real[:-2], 79, "GPU has fallen off the bus."))
+    v = d.wait_for(lambda v: any(c.component == f"gpu/{real}" for c in v.conditions), timeout=5)
+    [mine] = [c for c in v.conditions if c.component == f"gpu/{real}"]
+    assert (mine.code, mine.severity, mine.action, mine.sticky) == ("XID_79", pb.SEVERITY_CRITICAL, pb.ACTION_REBOOT,
+                                                                     True)
+    [fold] = [c for c in v.conditions if c.component == "gpu/*" and c.code == "XID_79"]
+    assert f"gpu/{fakes[-1]}.0" in fold.message and fold.evidence["newest"].startswith(f"gpu/{fakes[-1]}.0")
+    assert f"gpu/{real}" not in fold.message
+    r = d.robustctl("ack", f"gpu/{real}", "XID_79", "--reason", "GPU replaced")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not any(c.component == f"gpu/{real}" for c in d.verdict().conditions)
+    no_traceback(d)

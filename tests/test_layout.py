@@ -69,7 +69,7 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     # made (a finding), judged (a condition), stored (an event): three pieces that know nothing of each other
     {"made": ("checks",), "judged": ("robustd.policy", "robustd.boots"),
      "stored": ("robustd.store", "robustd.writer", "robustd.reads", "robustd.journal")},
-    {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset",
+    {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset", "robustd.owned",
               "robustd.diagnostics", "robustd.tracer", "robustd.reload", "robustd.authz")},
     {"served": ("robustd.api", "robustd.metrics", "robustd.metrics_http", "robustd.server", "robustd.daemon")},
     # what a client of the API is made of: the adapters' common base, robustctl's views and verbs

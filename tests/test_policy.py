@@ -262,6 +262,33 @@ def test_a_code_past_its_cap_folds_into_one_family_condition_that_counts_what_it
     assert ev.kind is EventKind.RAISED and ev.condition.component == gpus(1, 9)[0]
 
 
+def test_a_component_the_node_has_is_never_folded_however_many_made_up_ones_stand() -> None:
+    mine = {"gpu/0000:1b:00.0", "nic/ens1f0np0"}
+    p = policy(max_conditions_per_code=64, owned=lambda component: component in mine)
+    flood = [f"gpu/00{i:02x}:ee:00.0" for i in range(200)]  # a driver printing made-up bus ids
+    p.apply([f("XID_79", g) for g in flood], "kernel", now=0.0)
+    assert ("gpu/*", "XID_79") in p.conditions
+    [ev] = p.apply([f("XID_79", "gpu/0000:1b:00.0")], "kernel", now=1.0)
+    assert (ev.kind, ev.condition.component) == (EventKind.RAISED, "gpu/0000:1b:00.0")  # its own, not gpu/*
+    assert (ev.condition.severity, ev.condition.action, ev.condition.sticky) == (Severity.CRITICAL, Action.REBOOT,
+                                                                                  True)
+    fold = p.conditions[("gpu/*", "XID_79")]
+    assert fold.evidence["folded"] == str(200 - 64)  # the real GPU was not counted into it
+    # The fold-over names the flood's start and what it names now, newest first.
+    assert fold.evidence["examples"].startswith(flood[64]) and fold.evidence["newest"] == ", ".join(flood[:-4:-1])
+    assert f"newest {flood[-1]}" in fold.message
+    ack = p.acknowledge("gpu/0000:1b:00.0", "XID_79", "replaced", now=2.0)  # by its own name
+    assert ack.kind is EventKind.CLEARED and ack.condition.component == "gpu/0000:1b:00.0"
+
+
+def test_the_nodes_own_components_are_bounded_too() -> None:
+    p = policy(max_conditions=10, max_conditions_per_code=4, owned=lambda component: True)
+    p.apply([f("XID_13", g) for g in gpus(40)], "kernel", now=0.0)
+    ordinary = [c for c in p.conditions.values() if not c.component.endswith("*")]
+    assert len(ordinary) == 2 * 10  # exempt from the caps, but never past twice max_conditions
+    assert p.conditions[("gpu/*", "XID_13")].evidence["folded"] == "20"
+
+
 def test_a_fold_over_takes_the_worst_severity_action_and_stickiness_it_folded() -> None:
     p = policy(max_conditions_per_code=1)
     sw = [f"nvswitch/0000:0{i}:00.0" for i in range(4)]
