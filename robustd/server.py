@@ -50,13 +50,33 @@ def grpc_server(listen: ListenConfig, authz: Authorizer) -> grpc.aio.Server:
 def add_services(server: grpc.aio.Server, node_health: NodeHealthServicer, diagnostics: DiagnosticsServicer,
                  tracer: TracerServicer, health_servicer: health.aio.HealthServicer) -> None:
     """robustd.v1's services, grpc.health.v1 and server reflection."""
-    pb_grpc.add_NodeHealthServicer_to_server(node_health, server)
+    add_node_health(server, node_health)
     pb_grpc.add_DiagnosticsServicer_to_server(diagnostics, server)
     pb_grpc.add_TracerServicer_to_server(tracer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*(pb.DESCRIPTOR.services_by_name[s].full_name for s in SERVICES),
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
+
+
+def add_node_health(server: grpc.aio.Server, servicer: NodeHealthServicer) -> None:
+    """NodeHealth as the generated code registers it, from the service's descriptor (so no method is left out),
+    except that a method may return its answer already encoded: GetVerdict shares the standing conditions'
+    bytes across callers (robustd/api/servicer.py), and the generated serializer takes messages only."""
+    service = pb.DESCRIPTOR.services_by_name["NodeHealth"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        assert not method.client_streaming, f"{method.full_name}: client streaming is not registered here"
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name),
+                                     request_deserializer=getattr(pb, method.input_type.name).FromString,
+                                     response_serializer=_encoded)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def _encoded(message: Any) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 async def start_listening(server: grpc.aio.Server, front: UnixFront, listen: ListenConfig) -> None:

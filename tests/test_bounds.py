@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 from robustd import bounds
@@ -132,3 +133,22 @@ def test_a_row_written_unbounded_reads_back_bounded(tmp_path: Path) -> None:
         assert len(c.evidence) <= bounds.MAX_EVIDENCE_ENTRIES
     assert convert.event(ev).ByteSize() <= bounds.MAX_CONDITION_BYTES + 64
     store.close()
+
+
+def test_the_standing_conditions_are_encoded_once_per_change_and_shared_by_every_caller() -> None:
+    from robustd.api import convert
+
+    conds = [Condition(component=f"gpu/0000:{i:02x}:00.0", code="XID_79", severity=Severity.CRITICAL,
+                       action=Action.REBOOT, message="m" * 900, evidence={}, first_seen=1.0, last_seen=2.0, count=1,
+                       sticky=True, seq=i + 1)
+             for i in range(1000)]
+    shared = convert.SerialisedConditions()
+    first = shared.joined(conds)
+    assert shared.joined(list(conds)) is first  # another caller, the same conditions: the same bytes, not a copy
+    assert pb.Verdict.FromString(first) == pb.Verdict(conditions=[convert.condition(c) for c in conds])
+    changed = [*conds[:-1], replace(conds[-1], count=2)]
+    again = shared.joined(changed)
+    assert again is not first and pb.Verdict.FromString(again).conditions[-1].count == 2
+    # A header made per call and the shared conditions concatenate into one valid Verdict (what GetVerdict sends).
+    v = pb.Verdict.FromString(pb.Verdict(node="n", seq=7).SerializeToString() + again)
+    assert (v.node, v.seq, len(v.conditions)) == ("n", 7, 1000)

@@ -36,7 +36,11 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         self.checks = checks
         self._serialised = convert.SerialisedConditions()
 
-    async def GetVerdict(self, request: pb.GetVerdictRequest, context: grpc.aio.ServicerContext) -> pb.Verdict:
+    async def GetVerdict(self, request: pb.GetVerdictRequest,
+                         context: grpc.aio.ServicerContext) -> pb.Verdict | bytes:
+        """The verdict, as a Verdict or as its encoding: the standing conditions' bytes are made once per change
+        and shared by every caller (convert.SerialisedConditions); only the few header fields are per call.
+        Protobuf's encoding lets the two be concatenated; robustd/server.py's serializer sends bytes as they are."""
         await self.view.settled()  # writes in flight get their seqs first; a stuck disk delays this little
         conds, head = self.view.snapshot()
         severity, action = worst(conds)
@@ -44,12 +48,11 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                        boot_id=self.boot_id, emulated=self._emulated(),
                        event_log_error=convert.label(self.view.store_error), events_held=self.view.events_held)
         budget = self.limit - v.ByteSize() - HEADROOM
-        fields = self._serialised.fields(conds)
-        if sum(map(len, fields)) <= budget:  # always, with the default caps and message limit
-            v.MergeFromString(b"".join(fields))
-        else:
-            msgs, v.conditions_trimmed, v.conditions_omitted = convert.fit_conditions(conds, budget)
-            v.conditions.extend(msgs)
+        shared = self._serialised.joined(conds)
+        if len(shared) <= budget:  # always, with the default caps and message limit
+            return v.SerializeToString() + shared
+        msgs, v.conditions_trimmed, v.conditions_omitted = convert.fit_conditions(conds, budget)
+        v.conditions.extend(msgs)
         return v
 
     def _emulated(self) -> list[str]:
