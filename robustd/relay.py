@@ -9,7 +9,7 @@ Nobody else can reach the inner socket, so a peer name cannot be forged.
 
 The socket is bound inside that private directory, given its mode and group there, and renamed onto the
 public path: nothing is ever chmod'ed or chown'ed through a path another user could swap a symlink into,
-and a socket directory that others can write to (and that is not sticky) is refused.
+and a socket directory that others can write to (sticky or not) is refused (robustd/socketpath.py).
 
 The relay is bounded (design rule 7): every relayed connection holds three descriptors, so connections are
 counted per uid and in total (`listen.max_connections_per_uid`, `listen.max_connections`), and one that
@@ -35,12 +35,13 @@ import os
 import resource
 import shutil
 import socket
-import stat
 import struct
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from robustd.socketpath import directory_problem, trusted_uids
 
 log = logging.getLogger("robustd.relay")
 
@@ -86,43 +87,18 @@ def peer_credentials(sock: socket.socket) -> UnixPeer:
 # -- the socket's directory and descriptors -------------------------------------------------------------
 
 def check_socket_dir(directory: str) -> None:
-    """Refuse a socket directory where another local user could swap names under the root daemon.
+    """Refuse a socket directory where another local user could take the socket's name or swap it.
 
-    In a directory that others may write to and that is not sticky (as /tmp is), anyone can rename or
-    replace the entries robustd creates there, e.g. put a symlink where the socket or the relay's private
-    directory is about to be, and have root act on a file of their choosing. The same holds for a directory
-    owned by another user, for every directory above it, and for a symlink on the way that another user
-    owns. Raises RuntimeError with one line that names the directory.
+    In a directory that others may write to, sticky or not, anyone can bind a socket of their own at the
+    path while robustd is down, or plant a file there so that it cannot start; where it is not sticky they
+    can also replace the entries robustd creates, e.g. put a symlink where the socket or the relay's
+    private directory is about to be, and have root act on a file of their choosing. The rules, shared with
+    the clients' check, are robustd/socketpath.py's. Raises RuntimeError with one line that names the
+    directory and what to use instead.
     """
-    trusted = {0, os.geteuid()}
-    lexical = os.path.abspath(directory)
-    real = os.path.realpath(lexical)
-    prefixes = _prefixes(lexical)
-    dirs = dict.fromkeys([*_prefixes(real), *(os.path.realpath(os.path.dirname(p)) for p in prefixes)])
-    for p in prefixes:
-        try:
-            st = os.lstat(p)
-        except OSError as e:
-            raise RuntimeError(f"listen.unix: socket directory {lexical}: {p}: {e.strerror}") from None
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in trusted:
-            raise RuntimeError(f"listen.unix: socket directory {lexical}: {p} is a symlink owned by uid "
-                               f"{st.st_uid}, who could point it elsewhere; use a path without it")
-    for d in dirs:
-        st = os.stat(d)  # a real path: no symlinks left to follow
-        label = f"socket directory {lexical}" if d == real else f"{d}, above the socket directory {lexical},"
-        if st.st_uid not in trusted:
-            raise RuntimeError(f"listen.unix: {label} is owned by uid {st.st_uid}, who could swap the socket for a "
-                               "symlink; use a directory owned by root, such as /run/robustd")
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            raise RuntimeError(f"listen.unix: {label} is writable by group/others and not sticky; another user "
-                               "could swap the socket for a symlink. Use a directory only root can write, such as "
-                               "/run/robustd, or a sticky one like /tmp")
-
-
-def _prefixes(path: str) -> list[str]:
-    """`/a/b/c` → [`/a`, `/a/b`, `/a/b/c`]; `/` itself is checked as the directory above `/a`."""
-    parts = [p for p in path.split(os.sep) if p]
-    return [os.sep + os.sep.join(parts[:i]) for i in range(1, len(parts) + 1)] or [os.sep]
+    problem = directory_problem(directory, trusted_uids())
+    if problem is not None:
+        raise RuntimeError(f"listen.unix: {problem}")
 
 
 def raise_fd_limit(connections: int) -> int:

@@ -9,6 +9,7 @@ import os
 import socket
 import stat
 
+from robustd.relay import check_socket_dir
 from robustd.roots import PROC_LOCKS
 
 
@@ -80,13 +81,17 @@ def check_port(key: str, address: str) -> None:
 
 
 def prepare_socket_path(path: str) -> None:
-    """Create the socket's directory; refuse to take over a live socket or a file that is not a socket.
+    """Create the socket's directory; refuse one that others could write to (robustd/socketpath.py says why),
+    and refuse to take over a live socket or a file that is not a socket.
 
-    Nothing is removed here: UnixFront renames its new socket onto `path`, which atomically replaces a stale
-    socket, or a symlink someone planted, without following it. Unlinking first would open a window in which
-    another user could put a symlink at `path` (UnixFront refuses directories where others could).
+    The directory is checked first, so that a file or listener another user planted is reported as what
+    made it possible, not as a squatter to remove by hand. Nothing is removed here: UnixFront renames its new
+    socket onto `path`, which atomically replaces a stale socket, or a symlink someone planted, without
+    following it. Unlinking first would open a window in which another user could put a symlink at `path`.
     """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    check_socket_dir(directory)
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -13,6 +13,7 @@ import grpc
 
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.durations import format_duration
+from robustd.socketpath import UntrustedSocket, check_socket
 
 EXIT_UNREACHABLE = 3
 EXIT_RPC = 4
@@ -38,8 +39,15 @@ class Client:
         self.tls = tls  # (CA, client certificate, client key) for a TLS listener
 
     def open(self) -> grpc.Channel:
-        if self.socket is not None and not os.path.exists(self.socket):
-            raise self.unreachable(os.strerror(2))  # ENOENT: say it plainly, do not wait out the deadline
+        if self.socket is not None:
+            if not os.path.exists(self.socket):
+                raise self.unreachable(os.strerror(2))  # ENOENT: say it plainly, do not wait out the deadline
+            try:  # another user's socket would answer in robustd's name (robustd/socketpath.py)
+                check_socket(self.socket)
+            except UntrustedSocket as e:
+                raise CliError(EXIT_UNREACHABLE, str(e)) from None
+            except OSError as e:
+                raise self.unreachable(e.strerror or str(e)) from None
         # A local subchannel pool: a reconnect must not inherit the old connection's backoff.
         options = [("grpc.use_local_subchannel_pool", 1)]
         ca, cert, key = self.tls

@@ -13,6 +13,7 @@ from grpc_status import rpc_status
 from robustd.adapters.common.model import Cond, action_of, severity_of
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.socketpath import UntrustedSocket, check_socket
 
 OUTCOMES = {pb.OUTCOME_PASS: "PASS", pb.OUTCOME_FAIL: "FAIL", pb.OUTCOME_CANCELLED: "CANCELLED",
             pb.OUTCOME_ERROR: "ERROR", pb.OUTCOME_RUNNING: "RUNNING"}
@@ -23,8 +24,16 @@ class Unreachable(Exception):
 
 
 def open_channel(socket: str) -> grpc.Channel:
+    """A channel to robustd's socket, once the socket is known to be robustd's (robustd/socketpath.py): another
+    user's listener at the path would otherwise answer "OK, 0 conditions" in its name. Unreachable if not."""
     if not os.path.exists(socket):
         raise Unreachable(f"no robustd socket at {socket}")
+    try:
+        check_socket(socket)
+    except UntrustedSocket as e:
+        raise Unreachable(str(e)) from None
+    except OSError as e:
+        raise Unreachable(f"robustd socket {socket}: {e.strerror or e}") from None
     # A local subchannel pool: a reconnect must not inherit the previous connection's backoff.
     return grpc.insecure_channel(f"unix://{socket}", options=[("grpc.use_local_subchannel_pool", 1)])
 
