@@ -178,6 +178,9 @@ class Daemon:
         if front is not None:
             await _bounded("the Unix socket relay", front.close(), deadline, 0.3)
             self._remove_socket()
+        authz: Authorizer | None = getattr(self, "authz", None)
+        if authz is not None:
+            authz.close()  # the refusals still counted are logged, not lost
         runner: Runner | None = getattr(self, "runner", None)
         if runner is not None:
             await _bounded("the checks", runner.stop(), deadline, 0.5)
