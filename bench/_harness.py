@@ -27,7 +27,9 @@ class BenchDaemon:
         cfg: dict[str, Any] = {"node_name": "bench", "state_dir": str(self.dir / "state"),
                                "listen": {"unix": self.socket}, "log_level": "warning",
                                "checks": {"kernel": {"lookback": "0s"}}}
-        cfg.update(config or {})
+        config = dict(config or {})
+        cfg["listen"].update(config.pop("listen", {}))  # a bench's listen keys beside the socket
+        cfg.update(config)
         (self.dir / "robustd.yaml").write_text(yaml.safe_dump(cfg))
         self.proc = subprocess.Popen([sys.executable, "-m", "robustd.daemon", "--config",
                                       str(self.dir / "robustd.yaml")], cwd=REPO,

@@ -149,7 +149,8 @@ def main() -> None:
     ap.add_argument("--full-rate", type=float, default=50, help="GetVerdict rate once the caps are full "
                     "(a ~1.6 MB verdict)")
     args = ap.parse_args()
-    d = BenchDaemon()
+    # This one client (root) holds all the streams: let it, past the default listen.max_watches_per_uid.
+    d = BenchDaemon({"listen": {"max_watches_per_uid": args.streams, "max_watches": max(256, 2 * args.streams)}})
     try:
         tag = os.getpid() % 0xff
         for i in range(args.conditions):

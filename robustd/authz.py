@@ -14,7 +14,9 @@ Read-only RPCs are open to any caller the transport admitted (with `listen.tls.c
 a certificate that CA signed). Disruptive RPCs need an allowed identity: a certificate name in
 `authz.disruptive.identities`, or on the Unix socket uid 0 or a member of a group in
 `authz.disruptive.unix_groups`. Without an identity the answer is UNAUTHENTICATED, with one that is not
-allowed PERMISSION_DENIED; either way the method never runs.
+allowed PERMISSION_DENIED; either way the method never runs. Refusals are logged per caller (a uid, a
+certificate) and method: the first at once, the rest of a flood counted and summarised once per 10 s
+(robustd/ratelog.py), so one caller's retry loop cannot push the daemon's own lines out of the journal.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import grpc
 
 from robustd.config import AuthzConfig
 from robustd.identity import parse_identity
+from robustd.ratelog import RateLimitedLogs
 from robustd.relay import UnixFront, UnixPeer
 
 log = logging.getLogger("robustd.authz")
@@ -55,6 +58,7 @@ READ_ONLY = frozenset({
     "/robustd.v1.Diagnostics/ListGoldens",
     "/robustd.v1.Diagnostics/Triage",  # pure: judges the logs it is sent, touches nothing on the node
 })
+NO_IDENTITY = "callers without an identity"  # their refusals are counted together
 _SAN_OID = bytes.fromhex("0603551d11")  # DER of OID 2.5.29.17, subjectAltName
 
 
@@ -84,6 +88,11 @@ class Identity:
 
     def __str__(self) -> str:
         return str(self.unix) if self.unix else f"certificate {self.cert}"
+
+    @property
+    def caller(self) -> str:
+        """Who this is across calls and connections: the uid (not the pid), or the certificate's names."""
+        return f"uid {self.unix.uid}" if self.unix else f"certificate {self.cert}"
 
 
 def _escaped(name: str) -> str:
@@ -205,7 +214,12 @@ class Authorizer:
         self.front = front
         self._compiled_for: tuple[str, ...] | None = None
         self._rules: tuple[tuple[str, str], ...] = ()
+        self._refusals = RateLimitedLogs(log, "refused calls from further callers")
         self.refresh()
+
+    def close(self) -> None:
+        """At shutdown: log the refusals still counted, and stop their timers."""
+        self._refusals.flush()
 
     def refresh(self) -> None:
         """Parse `authz.disruptive.identities` again if they changed, and log which plain names changed meaning.
@@ -253,15 +267,19 @@ class Authorizer:
         self.refresh()
         return any(identity_matches(kind, name, ident.cert) for kind, name in self._rules)
 
+    def _refused(self, caller: str, method: str, msg: str, *args: Any) -> None:
+        """Log a refusal: the first of each caller and method at once, the rest of a flood as a count."""
+        self._refusals(f"{caller} {method}", f"refused calls to {method} from {caller}", msg, *args)
+
     async def check(self, method: str, context: grpc.aio.ServicerContext) -> None:
         """Abort the call unless its caller may run `method` (a disruptive one)."""
         ident = self.identify(context)
         if ident is None:
-            log.warning("%s refused: caller %s has no identity", method, context.peer())
+            self._refused(NO_IDENTITY, method, "%s refused: caller %s has no identity", method, context.peer())
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 f"{method} needs an authenticated caller (a client certificate or the Unix socket)")
         elif not self.allowed(ident):
-            log.warning("%s refused: %s is not allowed", method, ident)
+            self._refused(ident.caller, method, "%s refused: %s is not allowed", method, ident)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"{ident} may not call {method} (see authz.disruptive)")
 

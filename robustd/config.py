@@ -101,6 +101,10 @@ class ListenConfig(Strict):
     # The Unix socket's relay: each connection costs three descriptors; beyond these, new ones are refused.
     max_connections: int = Field(default=256, ge=1, le=100_000)
     max_connections_per_uid: int = Field(default=64, ge=1, le=100_000)
+    # Open Watch streams (robustd/api/watch_slots.py): per uid (or client certificate) and in total; past
+    # them a Watch gets RESOURCE_EXHAUSTED. Root keeps a reserve of the total, as for connections.
+    max_watches: int = Field(default=256, ge=1, le=100_000)
+    max_watches_per_uid: int = Field(default=32, ge=1, le=100_000)
     handshake_timeout: PositiveDuration = 10.0  # a connection that sends no bytes within this is closed
 
     @field_validator("unix_group")

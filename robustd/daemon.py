@@ -30,6 +30,7 @@ from robustd.api.diagnostics_convert import migrate_reports
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.watch_slots import WatchSlots
 from robustd.authz import Authorizer
 from robustd.boots import BootHistory
 from robustd.check import Check, CheckConfig, CheckContext
@@ -182,6 +183,12 @@ class Daemon:
         if front is not None:
             await _bounded("the Unix socket relay", front.close(), deadline, 0.3)
             self._remove_socket()
+        authz: Authorizer | None = getattr(self, "authz", None)
+        if authz is not None:
+            authz.close()  # the refusals still counted are logged, not lost
+        watches: WatchSlots | None = getattr(self, "watches", None)
+        if watches is not None:
+            watches.close()
         runner: Runner | None = getattr(self, "runner", None)
         if runner is not None:
             await _bounded("the checks", runner.stop(), deadline, 0.5)
@@ -232,10 +239,11 @@ class Daemon:
         self.front = server.unix_front(listen)
         self.authz = Authorizer(lambda: self.settings.config.authz, self.front)
         grpc_server = server.grpc_server(listen, self.authz)
+        self.watches = WatchSlots(self.authz.identify, listen.max_watches_per_uid, listen.max_watches)
         server.add_services(
             grpc_server,
             NodeHealthServicer(self.engine.view, self.engine.acknowledge, cfg.node_name, self.boot_id,
-                               lambda: self.runner.states, listen.max_message_bytes),
+                               lambda: self.runner.states, listen.max_message_bytes, self.watches),
             DiagnosticsServicer(self.diag),
             TracerServicer(cfg.node_name, lambda: self.settings.config.tracer, lambda: self.settings.roots(),
                            lambda: self._gpu_inventory().compute_pids),

@@ -19,7 +19,7 @@ The per-uid cap applies to every uid, root included; the other uids together may
 from unprivileged users never locks out an operator or a scheduler running as root. The excess is accepted
 and closed at once, so its client sees the connection end instead of hanging in the backlog. Hand-written
 rather than asyncio.start_unix_server because that server logs a traceback per failed accept and spins
-on EMFILE; this loop backs off and logs at most one line per LOG_INTERVAL.
+on EMFILE; this loop backs off and logs at most one line per 10 s (robustd/ratelog.py).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import shutil
 import socket
 import struct
 import tempfile
-import time
 from dataclasses import dataclass, field
-from typing import Any
+
+from robustd.ratelog import RateLimitedLog
 
 from robustd.socketpath import directory_problem, trusted_uids
 
@@ -50,7 +50,6 @@ RELAY_CHUNK = 64 * 1024
 FDS_PER_RELAY = 3  # the caller's connection, ours to the inner socket, and gRPC's end of it
 FD_HEADROOM = 1024  # descriptors for everything else: gRPC, SQLite, checks, the diagnostics' pipes
 LISTEN_BACKLOG = 512
-LOG_INTERVAL = 10.0  # at most one line per this many seconds for refusals, and for accept errors
 ACCEPT_RETRY = (0.05, 1.0)  # first and longest pause after a failed accept (EMFILE stays "readable")
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -124,51 +123,6 @@ def raise_fd_limit(connections: int) -> int:
                     "about %d in all); set LimitNOFILE= higher or lower listen.max_connections", soft,
                     connections, FDS_PER_RELAY, need)
     return soft
-
-
-class RateLimitedLog:
-    """One log line per `interval` for an event that can come thousands of times a second.
-
-    A flood of refused connections or failed accepts must not fill the journal or the disk (an unbounded
-    log is itself a denial of service): the first event in a window is logged, the rest are counted, and
-    the count is logged when the window ends.
-    """
-
-    def __init__(self, logger: logging.Logger, interval: float = LOG_INTERVAL, level: int = logging.WARNING):
-        self.logger = logger
-        self.interval = interval
-        self.level = level
-        self.last = -float("inf")
-        self.suppressed = 0
-        self._what = ""
-        self._flush: asyncio.TimerHandle | None = None
-
-    def __call__(self, what: str, msg: str, *args: Any) -> None:
-        """Log `msg % args`, or count it as one more `what` (e.g. "refused connections") in this window."""
-        now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.flush()  # a count no timer reported (there was no running loop)
-            self.last = now
-            self.logger.log(self.level, msg, *args)
-            return
-        self.suppressed += 1
-        self._what = what
-        if self._flush is None:
-            with contextlib.suppress(RuntimeError):  # no running loop: the next logged line reports the count
-                self._flush = asyncio.get_running_loop().call_later(self.last + self.interval - now, self.flush)
-
-    def flush(self) -> None:
-        self.cancel()
-        if self.suppressed:
-            self.logger.log(self.level, "%d more %s in the last %.0fs (at most one line per %.0fs)", self.suppressed,
-                            self._what, self.interval, self.interval)
-            self.suppressed = 0
-            self.last = time.monotonic()
-
-    def cancel(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
 
 
 # -- the Unix socket relay ------------------------------------------------------------------------------
@@ -249,7 +203,7 @@ class UnixFront:
         return self.peers.get(peer)
 
     async def _accept_loop(self) -> None:
-        """Accept forever; on a failed accept, pause and log at most one line per LOG_INTERVAL.
+        """Accept forever; on a failed accept, pause and log at most one line per ratelog.LOG_INTERVAL.
 
         Our own loop rather than asyncio.start_unix_server: when accept() fails with EMFILE the listening
         socket stays readable, and asyncio's server logs a traceback for each attempt; here the loop backs

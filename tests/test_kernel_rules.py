@@ -127,6 +127,39 @@ def test_xid_evidence_and_mig(rules: RuleSet) -> None:
     assert f.evidence["bdf"] == "0000:3b:00.0"
 
 
+FALLEN = "NVRM: Xid (PCI:0000:c6:00): {}, pid=1101234, name=nvc:[driver], GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("xid", ["079", "0079", "79"])
+def test_a_zero_padded_xid_is_the_same_xid(rules: RuleSet, xid: str) -> None:
+    """`079` is Xid 79: XID_79 with its table meaning (CRITICAL, REBOOT, sticky), not a triage code of its own."""
+    f = one(rules, FALLEN.format(xid))
+    assert (f.code, f.component, f.evidence["xid"]) == ("XID_79", "gpu/0000:c6:00.0", "79")
+    assert f.message == "Xid 79 on GPU 0000:c6:00.0: GPU has fallen off the bus."
+    assert f.evidence["line"] == FALLEN.format(xid)  # the line as the kernel wrote it
+    m = CodeTable([rules.codes]).resolve(f.code, hint_severity=f.severity, hint_action=f.action,
+                                         default_clear_after=300, default_escalate=2)
+    assert (m.severity, m.action, m.sticky) == (Severity.CRITICAL, Action.REBOOT, True)
+
+
+def test_zero_padding_keeps_the_xid_bound(rules: RuleSet) -> None:
+    """The field stays at most 4 characters, zeros included: a long run of zeros is no Xid and no new code."""
+    assert rules.match([FALLEN.format("00079")]) == []
+    assert rules.match([FALLEN.format("0" * 28 + "79")]) == []
+    assert one(rules, FALLEN.format("0000")).code == "XID_0"
+
+
+def test_zero_padded_xids_with_a_rule_of_their_own_keep_it(rules: RuleSet) -> None:
+    """Xid 154 (the recovery action) and the NVLink5 Xids are read by their own rules, padded or not."""
+    f = one(rules, "NVRM: Xid (PCI:0000:2a:00): 0154, GPU recovery action changed from 0x0 (None) to "
+                   "0x2 (Node Reboot Required)")
+    assert (f.code, f.severity, f.action) == ("XID_154", Severity.CRITICAL, Action.REBOOT)
+    f = one(rules, "NVRM: Xid (PCI:0019:01:00): 0149, NETIR Fatal XC0 i0 Link -1 (0x000fe406 0x00000000 "
+                   "0x00000000 0x00000000 0x00000000 0x00000000)")
+    assert (f.code, f.evidence["rule"], f.severity, f.action) == ("XID_149", "XID_NVLINK5", Severity.CRITICAL,
+                                                                   Action.RESET_GPU)
+
+
 def test_xid_74_is_not_also_nvlink_error(rules: RuleSet) -> None:
     found = rules.match(["NVRM: Xid (PCI:0000:18:00): 74, pid=1, name=x, NVLink: fatal error detected on link 3"])
     assert [f.code for f in found] == ["XID_74"]

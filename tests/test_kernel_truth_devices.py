@@ -336,6 +336,19 @@ def test_daemon_clears_on_the_drivers_all_clear(make_daemon) -> None:
     assert has(v, dr, "XID_154").severity == pb.SEVERITY_CRITICAL
 
 
+def test_daemon_reads_a_zero_padded_xid_as_that_xid(make_daemon) -> None:
+    """`Xid ...: 079` is Xid 79 (issue 26): CRITICAL, REBOOT and sticky on the GPU, not a WARNING triage code."""
+    need_root("writing /dev/kmsg")
+    d = make_daemon()
+    d.start()
+    bus = new_bus()
+    gpu = f"gpu/{bus}.0"
+    inject_kmsg(f"NVRM: Xid (PCI:{bus}): 079, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.")
+    v = d.wait_for(lambda v: any(c.component == gpu for c in v.conditions), timeout=10)
+    got = [(c.code, c.severity, c.action, c.sticky) for c in v.conditions if c.component == gpu]
+    assert got == [("XID_79", pb.SEVERITY_CRITICAL, pb.ACTION_REBOOT, True)], got
+
+
 # --- the matcher's prefilter never changes a verdict -------------------------------------------------
 
 def test_required_literal_is_in_every_match(rules: RuleSet) -> None:

@@ -61,7 +61,8 @@ def test_the_running_daemon_loads_no_torch_no_recorder_and_no_kubernetes() -> No
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.paths", "robustd.roots",
                     "robustd.yamlpos", "robustd.bounds", "robustd.identity", "robustd.inventory", "robustd.traffic",
-                    "robustd.cpuinfo", "robustd.sdnotify", "robustd.socketpath", "robustd.relay", "robustd.startup",
+                    "robustd.cpuinfo", "robustd.sdnotify", "robustd.socketpath", "robustd.ratelog", "robustd.relay",
+                    "robustd.startup",
                     "robustd.api.v1", "robustd.nvmlemu", "robustd.stragglers", "robustd.fleet",
                     "robustd.cli.args")},  # the command-line pieces every console script shares (--help examples)
     {"contracts": ("robustd.codes", "robustd.check", "robustd.config", "robustd.sections", "robustd.tls",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -272,6 +273,53 @@ def test_unix_socket_peer_credentials(make_daemon: Any, pki: Path) -> None:
     got = as_user(d, ALLOWED_GROUP)  # a supplementary group in authz.disruptive.unix_groups
     assert got["ack"] == "NOT_FOUND" and got["cancel"] == "NOT_FOUND" and got["run"] == "OK", got
     assert len(reports(d)) == 1
+
+
+FLOOD = """
+import sys, grpc
+from robustd.api.v1 import robustd_pb2 as pb, robustd_pb2_grpc as pb_grpc
+denied = 0
+with grpc.insecure_channel("unix://" + sys.argv[1]) as ch:
+    nh = pb_grpc.NodeHealthStub(ch)
+    for _ in range(int(sys.argv[2])):
+        try:
+            nh.Acknowledge(pb.AcknowledgeRequest(component="gpu/index0", code="XID_79"), timeout=5)
+        except grpc.RpcError as e:
+            denied += e.code() == grpc.StatusCode.PERMISSION_DENIED
+print(denied)
+"""
+
+
+def refuse_as(d: Daemon, uid: int, calls: int) -> int:
+    """`calls` Acknowledge calls as `uid` (no groups) over one connection; how many were PERMISSION_DENIED."""
+    r = subprocess.run(["setpriv", "--reuid", str(uid), "--regid", "nogroup", "--clear-groups", sys.executable, "-c",
+                        FLOOD, d.socket, str(calls)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout)
+
+
+def test_a_flood_of_refused_calls_is_summarised_per_caller(make_daemon: Any) -> None:
+    """Thousands of refused disruptive calls make a few log lines that say how many and whose; another caller's
+    refusal is still logged at once, and the count still pending at shutdown is logged then."""
+    need_root("running clients as another uid")
+    d = make_daemon({"listen": {"unix_mode": 0o666}, "checks": {"kernel": {"enabled": False}}})
+    d.start()
+    for p in (d.root, d.root.parent):
+        os.chmod(p, 0o711)  # let other uids reach the socket
+    t = time.monotonic()
+    assert refuse_as(d, 65534, 3000) == 3000
+    print(f"3000 refused Acknowledge calls as nobody in {time.monotonic() - t:.1f}s")
+    assert refuse_as(d, 60001, 1) == 1  # within nobody's window: a caller of its own, logged at once
+    refusals = [line for line in d.log().splitlines() if "refused" in line]
+    assert any("Acknowledge refused: uid 60001 (pid" in line for line in refusals), refusals
+    assert d.stop() == 0
+    refusals = [line for line in d.log().splitlines() if "refused" in line]
+    assert len(refusals) <= 5, f"{len(refusals)} lines for 3001 refused calls:\n" + "\n".join(refusals[:10])
+    first = [line for line in refusals if "Acknowledge refused: uid 65534 (pid" in line]
+    more = [int(m.group(1)) for line in refusals if (m := re.search(
+        r"(\d+) more refused calls to /robustd.v1.NodeHealth/Acknowledge from uid 65534 in the last 10s", line))]
+    assert first and more, refusals
+    assert len(first) + sum(more) == 3000, refusals  # every refusal is in a line or in a count
 
 
 def test_plaintext_tcp_needs_insecure_and_warns(make_daemon: Any, pki: Path) -> None:

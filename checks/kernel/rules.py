@@ -9,7 +9,9 @@ shipped or an operator's, is compiled with `re.ASCII` (`\\d` is `[0-9]`, never A
 digits), only the first `MAX_LINE_CHARS` of a line are matched, a code a rule produces must be an
 ASCII UPPER_SNAKE token or the rule does not claim the line, and a component is escaped to a
 printable-ASCII token (`robustd.bounds.token`) so no control character from a device name reaches
-a condition. The raw (clipped) line stays in evidence.
+a condition. The raw (clipped) line stays in evidence. A number that goes into a code is written
+without its leading zeros (`Xid ...: 079` is `XID_79`, the code the table knows), whatever the line
+padded it with; its length stays the one the rule's pattern bounds.
 """
 
 from __future__ import annotations
@@ -124,6 +126,16 @@ def _fields(template: str) -> set[str]:
     return {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
 
 
+@functools.cache
+def _code_fields(template: str) -> frozenset[str]:
+    return frozenset(_fields(template))
+
+
+def _unpadded(value: str) -> str:
+    """`079` -> `79`, `0000` -> `0`: one number, one code. Anything but ASCII digits is left as it is."""
+    return (value.lstrip("0") or "0") if value.isascii() and value.isdigit() else value
+
+
 @dataclass(frozen=True)
 class CompiledRule:
     """One rule, ready to match; `where` is `file:line` of its definition."""
@@ -156,6 +168,8 @@ class CompiledRule:
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
         if "bdf" in groups:
             groups["bdf"] = normalize_bdf(groups["bdf"])
+        for k in _code_fields(self.code) & groups.keys():  # a number in the code: one spelling (`079` -> `79`)
+            groups[k] = _unpadded(groups[k])
         values = {k: groups.get(k, "") for k in self.regex.groupindex}
         severity: Severity | None = None
         action: Action | None = None

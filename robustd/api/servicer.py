@@ -16,6 +16,7 @@ from robustd import bounds
 from robustd.api import convert, requests
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.api.watch_slots import WatchSlots
 from robustd.engine import EngineView, NotWritten
 from robustd.model import Event, EventKind, Severity, worst
 from robustd.reads import Unreadable
@@ -27,7 +28,8 @@ HEADROOM = 64  # bytes of a response beside what is measured (scalars set after 
 
 class NodeHealthServicer(pb_grpc.NodeHealthServicer):
     def __init__(self, view: EngineView, acknowledge: Callable[[str, str, str], Awaitable[Event]], node: str,
-                 boot_id: str, checks: Callable[[], Sequence[CheckState]], max_message_bytes: int = 4 << 20):
+                 boot_id: str, checks: Callable[[], Sequence[CheckState]], max_message_bytes: int = 4 << 20,
+                 watches: WatchSlots | None = None):
         self.view = view
         self.acknowledge = acknowledge  # Engine.acknowledge: the one change this service makes
         self.limit = max_message_bytes  # the largest message a call may send (listen.max_message_bytes)
@@ -35,6 +37,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         self.boot_id = boot_id
         self.checks = checks
         self._serialised = convert.SerialisedConditions()
+        self.watches = watches  # Watch streams per caller (listen.max_watches_per_uid); None: not counted
 
     async def GetVerdict(self, request: pb.GetVerdictRequest,
                          context: grpc.aio.ServicerContext) -> pb.Verdict | bytes:
@@ -63,6 +66,7 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
         return labels
 
     async def Watch(self, request: pb.WatchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Event]:
+        slot = await self.watches.admit(context) if self.watches else None  # RESOURCE_EXHAUSTED past the caps
         view = self.view
         sub = view.subscribe()  # before reading the log: nothing falls between the two
         try:
@@ -119,6 +123,8 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     last = ev.seq
         finally:
             view.unsubscribe(sub)
+            if slot is not None:
+                slot.release()
 
     async def ListEvents(self, request: pb.ListEventsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
