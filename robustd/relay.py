@@ -40,7 +40,6 @@ import tempfile
 from dataclasses import dataclass, field
 
 from robustd.ratelog import RateLimitedLog
-
 from robustd.socketpath import directory_problem, trusted_uids
 
 log = logging.getLogger("robustd.relay")
