@@ -124,6 +124,29 @@ def one_at_a_time(target: str, n: int) -> list[float]:
     return lat
 
 
+def concurrent(d: BenchDaemon, callers: int) -> tuple[float, float]:
+    """`callers` GetVerdicts in flight at once (over 8 connections): (wall seconds, growth of the daemon's
+    peak RSS in MiB). The peak is reset first (clear_refs 5), so only these calls count."""
+    with open(f"/proc/{d.proc.pid}/clear_refs", "w") as f:
+        f.write("5")
+    base = memory(d.proc.pid)["VmHWM"]
+
+    async def run() -> None:
+        opts = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 64 << 20)]
+        chans = [grpc.aio.insecure_channel(d.target, options=opts) for _ in range(8)]
+        try:
+            stubs = [pb_grpc.NodeHealthStub(c) for c in chans]
+            await asyncio.gather(*(stubs[i % 8].GetVerdict(pb.GetVerdictRequest(), timeout=120)
+                                   for i in range(callers)))
+        finally:
+            for c in chans:
+                await c.close()
+
+    t0 = time.monotonic()
+    asyncio.run(run())
+    return time.monotonic() - t0, memory(d.proc.pid)["VmHWM"] - base
+
+
 def report(label: str, args: argparse.Namespace, d: BenchDaemon, rate: float) -> None:
     v = verdict(d.target)
     lat, errors = asyncio.run(load(d.target, rate, args.seconds, args.streams))
@@ -148,6 +171,7 @@ def main() -> None:
     ap.add_argument("--storm", type=int, default=10_000, help="distinct components per storm; 0: no storms")
     ap.add_argument("--full-rate", type=float, default=50, help="GetVerdict rate once the caps are full "
                     "(a ~1.6 MB verdict)")
+    ap.add_argument("--callers", type=int, default=200, help="concurrent GetVerdicts of the caps-full verdict")
     args = ap.parse_args()
     # This one client (root) holds all the streams: let it, past the default listen.max_watches_per_uid.
     d = BenchDaemon({"listen": {"max_watches_per_uid": args.streams, "max_watches": max(256, 2 * args.streams)}})
@@ -181,6 +205,9 @@ def main() -> None:
         print(f"storm: {n} GPUs with up to 9,000 Xid codes, ~950-byte lines, read in {took:.1f}s; daemon RSS "
               f"{before:.0f} -> {memory(d.proc.pid)['VmRSS']:.0f} MiB")
         report(f"{n} lines, the caps full", args, d, args.full_rate)
+        wall, grew = concurrent(d, args.callers)
+        print(f"  {args.callers} concurrent GetVerdicts of the caps-full verdict: {wall:.1f}s, daemon peak RSS "
+              f"+{grew:.0f} MiB")
     finally:
         d.close()
 
