@@ -93,23 +93,15 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                     await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                         f"events after seq {last} up to {pruned} are past retention; "
                                         "re-snapshot with from_seq=0 (or GetVerdict, then watch from its seq)")
-            try:
-                async for ev in view.events_after(last):
-                    yield convert.event_within(ev, limit)
-                    last = ev.seq
-            except Unreadable as e:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, _resume_later(e, last))
+            replay = True  # first what the log holds after `last`, then the live events
             while True:
-                if sub.lagged:  # fell behind the live queue: drop it and re-read the log
-                    while not sub.queue.empty():
+                if replay or sub.lagged:  # lagged: fell behind the live queue; drop it and re-read the log
+                    while sub.lagged and not sub.queue.empty():
                         sub.queue.get_nowait()
-                    sub.lagged = False
-                    try:
-                        async for ev in view.events_after(last):
-                            yield convert.event_within(ev, limit)
-                            last = ev.seq
-                    except Unreadable as e:
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, _resume_later(e, last))
+                    replay = sub.lagged = False
+                    async for seq, msg in self._from_log(last, context):
+                        yield msg
+                        last = seq
                     continue
                 if sub.queue.empty():
                     if sub.closed:  # the daemon is stopping: end the stream; the client resumes by seq
@@ -125,6 +117,17 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
             view.unsubscribe(sub)
             if slot is not None:
                 slot.release()
+
+    async def _from_log(self, after: int, context: grpc.aio.ServicerContext) -> AsyncIterator[tuple[int, pb.Event]]:
+        """The log's events after `after` as sent, with their seqs; UNAVAILABLE once the log cannot be read in
+        time (the client resumes from the last seq it got)."""
+        last = after
+        try:
+            async for ev in self.view.events_after(after):
+                yield ev.seq, convert.event_within(ev, self.limit)
+                last = ev.seq
+        except Unreadable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _resume_later(e, last))
 
     async def ListEvents(self, request: pb.ListEventsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
