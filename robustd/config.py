@@ -39,6 +39,7 @@ from robustd import yamlpos
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
 from robustd.durations import Duration, PositiveDuration
+from robustd.flags import Flag
 from robustd.identity import parse_identity
 from robustd.paths import AbsPath, NameOrPath
 from robustd.roots import (
@@ -95,7 +96,7 @@ class ListenConfig(Strict):
     unix_group: str | None = None  # group owning the socket, e.g. the one in authz.disruptive.unix_groups
     tcp: str | None = None  # host:port; needs `tls`, or `insecure: true` for plaintext
     tls: TlsConfig | None = None
-    insecure: bool = False  # allow `tcp` without TLS (logged as a warning at every start)
+    insecure: Flag = False  # allow `tcp` without TLS (logged as a warning at every start)
     max_message_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # per message, received and sent
     max_concurrent_streams: int = Field(default=100, ge=1, le=10_000)  # per connection (HTTP/2 streams)
     # The Unix socket's relay: each connection costs three descriptors; beyond these, new ones are refused.
@@ -198,7 +199,7 @@ class DiagnosticsConfig(Strict):
     python: NameOrPath | None = None  # the interpreter for the test children; default: the daemon's own
     timeout: Duration = 7200.0  # a whole Run, unless the request says otherwise
     keep_reports: int = Field(default=500, ge=1)
-    test_faults: bool = False  # accept test-only fault injection in specs (tests only; never in production)
+    test_faults: Flag = False  # accept test-only fault injection in specs (tests only; never in production)
     # The largest all_gather rendezvous (nodes) a Run may ask for; larger ones are INVALID_ARGUMENT.
     max_world_size: int = Field(default=4096, ge=1, le=65536)
 
@@ -231,7 +232,7 @@ Regex = Annotated[str, AfterValidator(_regex)]
 class TracerConfig(Strict):
     """`CaptureStacks`: which processes are training processes, and how long one capture may take."""
 
-    gpu_processes: bool = True  # processes holding NVML compute contexts
+    gpu_processes: Flag = True  # processes holding NVML compute contexts
     process_patterns: list[Regex] = Field(default_factory=list)  # searched in each process's command line
     timeout: PositiveDuration = 10.0  # per process
     concurrency: int = Field(default=8, ge=1, le=256)  # py-spy children at once

@@ -59,8 +59,9 @@ def test_the_running_daemon_loads_no_torch_no_recorder_and_no_kubernetes() -> No
 # group on a lower level, never a group beside it or above it. Groups are module-name prefixes (`=name`: that
 # module alone); every module of the tree must fall in one (a new module is placed on purpose).
 LAYERS: list[dict[str, tuple[str, ...]]] = [
-    {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.paths", "robustd.roots",
-                    "robustd.yamlpos", "robustd.bounds", "robustd.identity", "robustd.inventory", "robustd.traffic",
+    {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.flags", "robustd.paths",
+                    "robustd.roots", "robustd.yamlpos", "robustd.bounds", "robustd.identity", "robustd.inventory",
+                    "robustd.traffic",
                     "robustd.cpuinfo", "robustd.sdnotify", "robustd.relay", "robustd.startup", "robustd.api.v1",
                     "robustd.nvmlemu", "robustd.stragglers", "robustd.fleet",
                     "robustd.cli.args")},  # the command-line pieces every console script shares (--help examples)
