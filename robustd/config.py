@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from robustd import yamlpos
+from robustd import tls, yamlpos
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
 from robustd.durations import Duration, PositiveDuration
@@ -72,22 +72,28 @@ class Strict(BaseModel):
 
 
 class TlsConfig(Strict):
+    """The listener's PEM files, each read and parsed at load (robustd/tls.py): a file that is not what its key
+    says is a config error at its line, never a listener that fails to start or a reload that waits on a FIFO."""
+
     cert: AbsPath = Field(min_length=1)  # PEM server certificate (chain)
     key: AbsPath = Field(min_length=1)  # PEM private key
     client_ca: AbsPath | None = None  # PEM CA bundle: set = mutual TLS, every client must present a cert it signed
 
-    @model_validator(mode="after")
-    def _readable(self) -> TlsConfig:
-        for name in ("cert", "key", "client_ca"):
-            path = getattr(self, name)
-            if path is None:
-                continue
-            try:
-                with open(path, "rb") as f:
-                    f.read(1)
-            except OSError as e:
-                raise ValueError(f"listen.tls.{name}: cannot read {path}: {e.strerror}") from e
-        return self
+    @field_validator("cert", "client_ca")
+    @classmethod
+    def _certificates(cls, path: str | None) -> str | None:
+        if path is not None:
+            tls.check_certificates(tls.read_pem(path))
+        return path
+
+    @field_validator("key")
+    @classmethod
+    def _private_key(cls, path: str, info: ValidationInfo) -> str:
+        key = tls.read_pem(path)
+        tls.check_private_key(key)
+        if "cert" in info.data:  # the certificate passed its own check
+            tls.check_pair(tls.read_pem(info.data["cert"]), key)
+        return path
 
 
 class ListenConfig(Strict):
