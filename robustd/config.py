@@ -327,19 +327,34 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+MAX_CONFIG_BYTES = 1 << 20  # robustd.yaml, read whole: a site's is a few KB
+
+
 def load_config(path: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """The settings in the file at `path`, or a ConfigError listing every problem.
+
+    Blocking (it reads the file and the files it names, such as listen.tls's): the daemon's reload runs it
+    off the event loop, under a time limit."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError([f"{path}: cannot read config: {e.strerror}"]) from e
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{path}: the config is larger than {MAX_CONFIG_BYTES >> 20} MiB"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError([f"{path}:{line}: the config is not UTF-8 text: byte 0x{raw[e.start]:02x} at column "
+                           f"{column}"]) from None
     return parse_config(text, path, schema, overrides)
 
 
 def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data, duplicates = yamlpos.load(text, source)
     except yaml.YAMLError as e:
         raise ConfigError([yamlpos.malformed(e, source)]) from e
     if data is None:
@@ -352,7 +367,7 @@ def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str,
     context = {LEVELS: _level_names(data)}
     if schema.stop_time_tests is not None:
         context[TESTS] = frozenset(schema.stop_time_tests)
-    problems: list[str] = []
+    problems = duplicates  # the loader kept the last of each: report them, never guess
     core = {k: v for k, v in data.items() if k not in schema.sections}
     if schema.reads is not None:  # the rest of the file is another process's to validate
         core = {k: v for k, v in core.items() if k in schema.reads}
