@@ -71,6 +71,14 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def host_port(address: str | None) -> str | None:
+    """A listening address, `host:port` or `[v6]:port` with a port from 1 to 65535 (split_address); unset or
+    empty means off."""
+    if address:
+        split_address(address)
+    return address
+
+
 class TlsConfig(Strict):
     """The listener's PEM files, each read and parsed at load (robustd/tls.py): a file that is not what its key
     says is a config error at its line, never a listener that fails to start or a reload that waits on a FIFO."""
@@ -109,6 +117,8 @@ class ListenConfig(Strict):
     max_connections: int = Field(default=256, ge=1, le=100_000)
     max_connections_per_uid: int = Field(default=64, ge=1, le=100_000)
     handshake_timeout: PositiveDuration = 10.0  # a connection that sends no bytes within this is closed
+
+    _host_port = field_validator("tcp")(host_port)
 
     @field_validator("unix_group")
     @classmethod
@@ -150,17 +160,18 @@ class MetricsConfig(Strict):
     # robustd_condition series per scrape (most severe first); the rest are counted as dropped.
     max_condition_series: int = Field(default=1000, ge=0, le=1_000_000)
 
-    @field_validator("address")
-    @classmethod
-    def _host_port(cls, address: str | None) -> str | None:
-        if address:
-            split_address(address)
-        return address
+    _host_port = field_validator("address")(host_port)
+
+
+# The most events retention may keep: prune computes `head - max_events` in SQLite's 64-bit integers, and a
+# log of a billion events is far beyond any disk the event log is meant for.
+MAX_EVENTS = 10**9
 
 
 class RetentionConfig(Strict):
     max_age: Duration = 30 * 86400.0
-    max_events: int = Field(default=100_000, gt=0)
+    # strict: a YAML integer, not 1.0e+5 nor "100000" (a float or a string here is a mistake, not a count)
+    max_events: int = Field(default=100_000, gt=0, le=MAX_EVENTS, strict=True)
 
 
 class PolicyConfig(Strict):
