@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from robustd.codes import CodeRule, load_codes
 from robustd.durations import Duration, PositiveDuration
+from robustd.flags import Flag
 from robustd.model import Finding, FindingBatch
 from robustd.roots import Roots
 from robustd.traffic import TrafficSnapshot, read_traffic
@@ -56,7 +57,7 @@ class CheckConfig(BaseModel):
     # its `roots:` key at load (robustd/config.py), and the check reads the path from CheckContext.roots.
     root_aliases: ClassVar[Mapping[str, str]] = {}
 
-    enabled: bool = True
+    enabled: Flag = True
     interval: PositiveDuration = 1.0
     timeout: Duration | None = None  # the poll deadline; default: the interval, at most 10s
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from robustd.durations import Duration
+from robustd.flags import Flag
 from robustd.model import Action, Severity
 
 
@@ -55,7 +56,7 @@ class CodeRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     severity: SeverityName | None = None
     action: ActionName | None = None
-    sticky: bool | None = None
+    sticky: Flag | None = None
     tolerate: Tolerate | None = None
     clear_after: Duration | None = None
     escalate_after_reboots: int | None = Field(default=None, ge=1)

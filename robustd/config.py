@@ -35,10 +35,11 @@ from pydantic import (
     model_validator,
 )
 
-from robustd import yamlpos
+from robustd import tls, yamlpos
 from robustd.check import CheckConfig
 from robustd.codes import CodeRule
 from robustd.durations import Duration, PositiveDuration
+from robustd.flags import Flag
 from robustd.identity import parse_identity
 from robustd.paths import AbsPath, NameOrPath
 from robustd.roots import (
@@ -70,23 +71,37 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def host_port(address: str | None) -> str | None:
+    """A listening address, `host:port` or `[v6]:port` with a port from 1 to 65535 (split_address); unset or
+    empty means off."""
+    if address:
+        split_address(address)
+    return address
+
+
 class TlsConfig(Strict):
+    """The listener's PEM files, each read and parsed at load (robustd/tls.py): a file that is not what its key
+    says is a config error at its line, never a listener that fails to start or a reload that waits on a FIFO."""
+
     cert: AbsPath = Field(min_length=1)  # PEM server certificate (chain)
     key: AbsPath = Field(min_length=1)  # PEM private key
     client_ca: AbsPath | None = None  # PEM CA bundle: set = mutual TLS, every client must present a cert it signed
 
-    @model_validator(mode="after")
-    def _readable(self) -> TlsConfig:
-        for name in ("cert", "key", "client_ca"):
-            path = getattr(self, name)
-            if path is None:
-                continue
-            try:
-                with open(path, "rb") as f:
-                    f.read(1)
-            except OSError as e:
-                raise ValueError(f"listen.tls.{name}: cannot read {path}: {e.strerror}") from e
-        return self
+    @field_validator("cert", "client_ca")
+    @classmethod
+    def _certificates(cls, path: str | None) -> str | None:
+        if path is not None:
+            tls.check_certificates(tls.read_pem(path))
+        return path
+
+    @field_validator("key")
+    @classmethod
+    def _private_key(cls, path: str, info: ValidationInfo) -> str:
+        key = tls.read_pem(path)
+        tls.check_private_key(key)
+        if "cert" in info.data:  # the certificate passed its own check
+            tls.check_pair(tls.read_pem(info.data["cert"]), key)
+        return path
 
 
 class ListenConfig(Strict):
@@ -95,7 +110,7 @@ class ListenConfig(Strict):
     unix_group: str | None = None  # group owning the socket, e.g. the one in authz.disruptive.unix_groups
     tcp: str | None = None  # host:port; needs `tls`, or `insecure: true` for plaintext
     tls: TlsConfig | None = None
-    insecure: bool = False  # allow `tcp` without TLS (logged as a warning at every start)
+    insecure: Flag = False  # allow `tcp` without TLS (logged as a warning at every start)
     max_message_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # per message, received and sent
     max_concurrent_streams: int = Field(default=100, ge=1, le=10_000)  # per connection (HTTP/2 streams)
     # The Unix socket's relay: each connection costs three descriptors; beyond these, new ones are refused.
@@ -106,6 +121,8 @@ class ListenConfig(Strict):
     max_watches: int = Field(default=256, ge=1, le=100_000)
     max_watches_per_uid: int = Field(default=32, ge=1, le=100_000)
     handshake_timeout: PositiveDuration = 10.0  # a connection that sends no bytes within this is closed
+
+    _host_port = field_validator("tcp")(host_port)
 
     @field_validator("unix_group")
     @classmethod
@@ -147,17 +164,18 @@ class MetricsConfig(Strict):
     # robustd_condition series per scrape (most severe first); the rest are counted as dropped.
     max_condition_series: int = Field(default=1000, ge=0, le=1_000_000)
 
-    @field_validator("address")
-    @classmethod
-    def _host_port(cls, address: str | None) -> str | None:
-        if address:
-            split_address(address)
-        return address
+    _host_port = field_validator("address")(host_port)
+
+
+# The most events retention may keep: prune computes `head - max_events` in SQLite's 64-bit integers, and a
+# log of a billion events is far beyond any disk the event log is meant for.
+MAX_EVENTS = 10**9
 
 
 class RetentionConfig(Strict):
     max_age: Duration = 30 * 86400.0
-    max_events: int = Field(default=100_000, gt=0)
+    # strict: a YAML integer, not 1.0e+5 nor "100000" (a float or a string here is a mistake, not a count)
+    max_events: int = Field(default=100_000, gt=0, le=MAX_EVENTS, strict=True)
 
 
 class PolicyConfig(Strict):
@@ -202,7 +220,7 @@ class DiagnosticsConfig(Strict):
     python: NameOrPath | None = None  # the interpreter for the test children; default: the daemon's own
     timeout: Duration = 7200.0  # a whole Run, unless the request says otherwise
     keep_reports: int = Field(default=500, ge=1)
-    test_faults: bool = False  # accept test-only fault injection in specs (tests only; never in production)
+    test_faults: Flag = False  # accept test-only fault injection in specs (tests only; never in production)
     # The largest all_gather rendezvous (nodes) a Run may ask for; larger ones are INVALID_ARGUMENT.
     max_world_size: int = Field(default=4096, ge=1, le=65536)
 
@@ -235,7 +253,7 @@ Regex = Annotated[str, AfterValidator(_regex)]
 class TracerConfig(Strict):
     """`CaptureStacks`: which processes are training processes, and how long one capture may take."""
 
-    gpu_processes: bool = True  # processes holding NVML compute contexts
+    gpu_processes: Flag = True  # processes holding NVML compute contexts
     process_patterns: list[Regex] = Field(default_factory=list)  # searched in each process's command line
     timeout: PositiveDuration = 10.0  # per process
     concurrency: int = Field(default=8, ge=1, le=256)  # py-spy children at once
@@ -324,19 +342,34 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+MAX_CONFIG_BYTES = 1 << 20  # robustd.yaml, read whole: a site's is a few KB
+
+
 def load_config(path: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """The settings in the file at `path`, or a ConfigError listing every problem.
+
+    Blocking (it reads the file and the files it names, such as listen.tls's): the daemon's reload runs it
+    off the event loop, under a time limit."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError([f"{path}: cannot read config: {e.strerror}"]) from e
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{path}: the config is larger than {MAX_CONFIG_BYTES >> 20} MiB"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError([f"{path}:{line}: the config is not UTF-8 text: byte 0x{raw[e.start]:02x} at column "
+                           f"{column}"]) from None
     return parse_config(text, path, schema, overrides)
 
 
 def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data, duplicates = yamlpos.load(text, source)
     except yaml.YAMLError as e:
         raise ConfigError([yamlpos.malformed(e, source)]) from e
     if data is None:
@@ -349,7 +382,7 @@ def parse_config(text: str, source: str, schema: Schema, overrides: Mapping[str,
     context = {LEVELS: _level_names(data)}
     if schema.stop_time_tests is not None:
         context[TESTS] = frozenset(schema.stop_time_tests)
-    problems: list[str] = []
+    problems = duplicates  # the loader kept the last of each: report them, never guess
     core = {k: v for k, v in data.items() if k not in schema.sections}
     if schema.reads is not None:  # the rest of the file is another process's to validate
         core = {k: v for k, v in core.items() if k in schema.reads}

@@ -62,6 +62,9 @@ TICK = 0.5
 PRUNE_EVERY = 60.0
 SHUTDOWN_BUDGET = 1.5  # seconds for an orderly stop, all steps together
 SHUTDOWN_BACKSTOP = 8.0  # if the stop itself hangs (a call that ignores every limit), exit anyway
+# A reload reads the config and the files it names (listen.tls's, extra rule files) in a thread, within this:
+# a file on a dead NFS server must not hold the event loop, nor the reload forever.
+RELOAD_READ_TIMEOUT = 10.0
 
 
 class Daemon:
@@ -76,6 +79,7 @@ class Daemon:
         self.stop_requested = asyncio.Event()
         self.stop_count = 0
         self.reloading: asyncio.Task[None] | None = None
+        self.reading: asyncio.Future[Settings] | None = None  # a reload's read of the config, in a thread
         self.ticker: asyncio.Task[None] | None = None
         self.server: grpc.aio.Server | None = None
         self.metrics_server: Any = None
@@ -328,11 +332,8 @@ class Daemon:
         self.reloading = asyncio.get_running_loop().create_task(self._reload())
 
     async def _reload(self) -> None:
-        try:
-            new = load_config(self.config_path, self.schema, self.overrides)
-        except ConfigError as e:
-            log.error("reload rejected; the running config stays:\n%s", e)
-            self.notifier.status(f"reload rejected: {e.problems[0]}")
+        new = await self._read_config()
+        if new is None:
             return
         merged, applied = reload.merge(self.settings, new)
         self.notifier.send("RELOADING=1")
@@ -353,6 +354,34 @@ class Daemon:
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
         log.info("config reloaded from %s: %s", self.config_path,
                  f"applied {', '.join(sorted(set(applied)))}" if applied else "no changes to apply")
+
+    async def _read_config(self) -> Settings | None:
+        """The config file validated, read off the event loop within RELOAD_READ_TIMEOUT; None (logged, the
+        running config stays) when it is invalid, unreadable, or its reading did not end in time. A read that
+        overran keeps its thread until it ends: the next reload is refused until then, so stuck reads never
+        pile up."""
+        if self.reading is not None and not self.reading.done():
+            problems = f"{self.config_path}: the previous reload is still reading it (or a file it names)"
+        else:
+            loop = asyncio.get_running_loop()
+            self.reading = loop.run_in_executor(None, load_config, self.config_path, self.schema, self.overrides)
+            self.reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, even when late
+            try:
+                return await asyncio.wait_for(asyncio.shield(self.reading), RELOAD_READ_TIMEOUT)
+            except ConfigError as e:
+                problems = str(e)
+            except TimeoutError:
+                problems = (f"{self.config_path}: reading it and the files it names took longer than "
+                            f"{RELOAD_READ_TIMEOUT:g}s")
+                self.reading.add_done_callback(lambda _: log.warning(
+                    "%s: the reload's read that overran has ended (its result is dropped); SIGHUP reloads again",
+                    self.config_path))
+            except Exception as e:  # noqa: BLE001 - a loader bug: one line, never "Task exception was never retrieved"
+                log.debug("reading the config", exc_info=e)
+                problems = f"{self.config_path}: cannot load it: {_one_line(e)}"
+        log.error("reload rejected; the running config stays:\n%s", problems)
+        self.notifier.status(f"reload rejected: {problems.splitlines()[0]}")
+        return None
 
 
 async def _bounded(what: str, step: Any, deadline: float, limit: float) -> None:

@@ -15,12 +15,19 @@ from pydantic import AfterValidator
 
 
 def absolute(path: str) -> str:
-    """`path` made absolute against the current working directory (`~` is not expanded)."""
-    return os.path.abspath(path) if path else path
+    """`path` made absolute against the current working directory (`~` is not expanded).
+
+    An empty value is refused: it names no file, and resolved it would silently mean the working directory
+    (`kmsg_path: ""` would stream from wherever robustd was started)."""
+    if not path:
+        raise ValueError("an empty path names no file")
+    return os.path.abspath(path)
 
 
 def absolute_if_path(command: str) -> str:
     """A value with a `/` is a path and is made absolute; a bare name (looked up later, e.g. on $PATH) stays."""
+    if not command:
+        raise ValueError("an empty name names no program")
     return absolute(command) if "/" in command else command
 
 

@@ -19,6 +19,7 @@ DEFAULT_BOOT_ID = "/proc/sys/kernel/random/boot_id"
 DEFAULT_DCGMI = "dcgmi"  # DCGM's command-line tool, looked up on $PATH
 DEFAULT_NVML_LIBRARY = "libnvidia-ml.so.1"  # the driver's NVML, found by the dynamic loader
 PROC_LOCKS = "/proc/locks"  # the kernel's file locks (who holds a state directory); always the real host's
+PROC_SELF_FD = "/proc/self/fd"  # this process's descriptors by number (robustd/tls.py hands ssl in-memory files)
 DEFAULT_CONFIG = "/etc/robustd/robustd.yaml"
 DEFAULT_SOCKET = "/run/robustd/robustd.sock"
 DEFAULT_STATE_DIR = "/var/lib/robustd"

@@ -85,7 +85,8 @@ async def start_listening(server: grpc.aio.Server, front: UnixFront, listen: Lis
     if listen.tcp:
         if listen.tls is not None:
             check_port("listen.tcp", listen.tcp)
-            if server.add_secure_port(listen.tcp, server_credentials(listen.tls)) == 0:
+            credentials = server_credentials(listen.tls.cert, listen.tls.key, listen.tls.client_ca)
+            if server.add_secure_port(listen.tcp, credentials) == 0:
                 raise StartError(f"listen.tcp: cannot listen on {listen.tcp}")
             log.info("gRPC over TLS on %s%s", listen.tcp,
                      " (mutual TLS: client certificates required)" if listen.tls.client_ca else "")

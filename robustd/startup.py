@@ -56,18 +56,22 @@ def _flock_holder(fd: int) -> int | None:
     return None
 
 
-def split_address(address: str, min_port: int = 1) -> tuple[str, int]:
-    """`host:port` or `[v6]:port` -> (host, port); host "" means every interface. ValueError if malformed."""
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); host "" means every interface. ValueError if malformed.
+
+    The one check of a listening address (`listen.tcp`, `metrics.address`, both validated with it at load):
+    the port is 1 to 65535. Port 0, which a socket takes as "any free port", is refused: clients could not
+    know where to connect."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not min_port <= int(port) < 65536:
-        raise ValueError(f"{address!r} is not host:port (a port from {min_port} to 65535)")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("expected host:port with a port from 1 to 65535")
     return host.strip("[]"), int(port)
 
 
 def check_port(key: str, address: str) -> None:
     """Bind `host:port` once to say plainly why it cannot be listened on (gRPC only says it failed)."""
     try:
-        host, port = split_address(address, min_port=0)  # 0: any free port, as gRPC takes it
+        host, port = split_address(address)
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, ValueError) as e:
         raise StartError(f"{key}: cannot listen on {address}: {getattr(e, 'strerror', None) or e}") from None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from test_security import pki  # noqa: F401 - real certificates, made once per module
 
 from robustd import __version__
 from robustd.durations import format_duration, parse_duration
@@ -121,3 +123,101 @@ def test_unknown_key_suggests_the_nearest_valid_one(tmp_path: Path, text: str, l
     cfg.write_text(text)
     r = check_config(cfg)
     assert r.returncode == 1 and f"{cfg}:{line}: {shown}" in r.stderr, r.stderr
+
+
+# Values robustd once took without a word (or with a traceback), each refused now with its key and line: by
+# `--check-config`, at start, and by a reload (tests/test_reload.py). (text, key, line, words): `{pki}` in a
+# text is the directory of test_security's certificates, `{fifo}` a FIFO beside the config; bytes are written
+# as they are.
+GAPS: list[tuple[str | bytes, str, int, str]] = [
+    ("policy:\n  clear_after: 1m\n  clear_after: 5m\n", "policy.clear_after", 3, "duplicate key (also at line 2)"),
+    ("policy: {}\nretention: {}\npolicy:\n  clear_after: 5m\n", "policy", 3, "duplicate key (also at line 1)"),
+    ("retention:\n  max_events: 100000000000000000000000\n", "retention.max_events", 2,
+     "less than or equal to 1000000000"),
+    ("retention:\n  max_events: 1.0e+5\n", "retention.max_events", 2, "valid integer"),
+    ("listen:\n  insecure: true\n  tcp: 127.0.0.1:70000\n", "listen.tcp", 3, "a port from 1 to 65535"),
+    ("listen:\n  insecure: true\n  tcp: 127.0.0.1\n", "listen.tcp", 3, "a port from 1 to 65535"),
+    ("listen:\n  insecure: true\n  tcp: 127.0.0.1:0\n", "listen.tcp", 3, "a port from 1 to 65535"),
+    ("listen:\n  tcp: 127.0.0.1:8443\n  tls:\n    cert: {pki}/ca.cnf\n    key: {pki}/server.key\n",
+     "listen.tls.cert", 4, "not a PEM certificate"),
+    ("listen:\n  tcp: 127.0.0.1:8443\n  tls:\n    cert: {pki}/server.pem\n    key: {pki}/server.pem\n",
+     "listen.tls.key", 5, "not a PEM private key"),
+    ("listen:\n  tcp: 127.0.0.1:8443\n  tls:\n    cert: {pki}/server.pem\n    key: {pki}/denied.key\n",
+     "listen.tls.key", 5, "not the private key of the certificate in listen.tls.cert"),
+    ("listen:\n  tcp: 127.0.0.1:8443\n  tls:\n    cert: {pki}/server.pem\n    key: {pki}/server.key\n"
+     "    client_ca: {pki}/ca.key\n", "listen.tls.client_ca", 6, "not a PEM certificate"),
+    ("listen:\n  tcp: 127.0.0.1:8443\n  tls:\n    cert: {fifo}\n    key: {pki}/server.key\n",
+     "listen.tls.cert", 4, "not a regular file (a FIFO)"),
+    (b"node_name: n\npolicy:\n  # caf\xe9\n", "", 3, "not UTF-8 text: byte 0xe9 at column 8"),
+    ("checks:\n  kernel:\n    kmsg_path: ''\n", "checks.kernel.kmsg_path", 3, "empty path"),
+    ("roots:\n  kmsg: ''\n", "roots.kmsg", 2, "empty path"),
+    ("listen:\n  tcp: 127.0.0.1:8443\n  insecure: 'yes'\n", "listen.insecure", 3, "expected a boolean"),
+    ("checks:\n  kernel:\n    enabled: \"true\"\n", "checks.kernel.enabled", 3, "expected a boolean"),
+    ("policy:\n  codes:\n    XID_13: {sticky: 'no'}\n", "policy.codes.XID_13.sticky", 3, "expected a boolean"),
+]
+GAP_IDS = ["duplicate", "duplicate-section", "max_events-huge", "max_events-float", "port-70000", "no-port",
+           "port-0", "cert-not-pem", "key-not-pem", "key-of-another-cert", "client_ca-not-pem", "cert-fifo",
+           "not-utf8", "empty-kmsg_path", "empty-roots.kmsg", "insecure-string", "enabled-string", "sticky-string"]
+
+
+def write_gap(path: Path, text: str | bytes, certs: Path) -> None:
+    """The config file of one GAPS entry at `path` (the FIFO it may name made beside it)."""
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+        return
+    fifo = path.parent / "cert.fifo"
+    if "{fifo}" in text and not fifo.exists():
+        os.mkfifo(fifo)
+    path.write_text(text.replace("{pki}", str(certs)).replace("{fifo}", str(fifo)))
+
+
+def problem_line(path: Path, key: str, line: int) -> str:
+    return f"{path}:{line}: {key}: " if key else f"{path}:{line}: "
+
+
+@pytest.mark.parametrize("text, key, line, words", GAPS, ids=GAP_IDS)
+def test_values_once_taken_are_refused_by_check_config(tmp_path: Path, pki: Path,  # noqa: F811
+                                                       text: str | bytes, key: str, line: int, words: str) -> None:
+    cfg = tmp_path / "robustd.yaml"
+    write_gap(cfg, text, pki)
+    r = subprocess.run([sys.executable, "-m", "robustd.daemon", "--check-config", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=20, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert r.returncode == 1, r.stdout + r.stderr
+    [shown] = [x for x in r.stderr.splitlines() if x.startswith(problem_line(cfg, key, line))]
+    assert words in shown, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("text, key, line, words", GAPS, ids=GAP_IDS)
+def test_values_once_taken_stop_the_daemon_at_start(short_tmp: Path, pki: Path,  # noqa: F811
+                                                    text: str | bytes, key: str, line: int, words: str) -> None:
+    """The start says what `--check-config` says, and exits 1 before it serves anything."""
+    cfg = short_tmp / "robustd.yaml"
+    write_gap(cfg, text, pki)
+    r = subprocess.run([sys.executable, "-m", "robustd.daemon", "--config", str(cfg), "--socket",
+                        str(short_tmp / "s.sock"), "--state-dir", str(short_tmp / "state")],
+                       capture_output=True, text=True, timeout=20, cwd=REPO, stdin=subprocess.DEVNULL)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "invalid config" in r.stderr, r.stderr
+    [shown] = [x for x in r.stderr.splitlines() if x.startswith(problem_line(cfg, key, line))]
+    assert words in shown, r.stderr
+    assert "Traceback" not in r.stderr and not (short_tmp / "s.sock").exists()
+
+
+def test_a_key_merged_in_from_an_anchor_may_be_overridden_but_not_written_twice(tmp_path: Path) -> None:
+    """`<<: *defaults` then a key of its own is an override, the reason merges exist: not a duplicate. The
+    same key written twice beside it is one."""
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text("diagnostics:\n  collectives: &c {timeout: 1m}\n  minigpt:\n    <<: *c\n    timeout: 2m\n"
+                   "  eud:\n    <<: *c\n    timeout: 2h\n    timeout: 3h\n")
+    r = check_config(cfg)
+    assert r.returncode == 1, r.stderr
+    problems = r.stderr.splitlines()[1:]
+    assert problems == [f"{cfg}:9: diagnostics.eud.timeout: duplicate key (also at line 8); write it once"], r.stderr
+
+
+def test_a_config_larger_than_the_bound_is_refused_unread(tmp_path: Path) -> None:
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text("node_name: n\n" + "#" * (2 << 20) + "\n")
+    r = check_config(cfg)
+    assert r.returncode == 1 and f"{cfg}: the config is larger than 1 MiB" in r.stderr, r.stderr

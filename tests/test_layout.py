@@ -59,14 +59,13 @@ def test_the_running_daemon_loads_no_torch_no_recorder_and_no_kubernetes() -> No
 # group on a lower level, never a group beside it or above it. Groups are module-name prefixes (`=name`: that
 # module alone); every module of the tree must fall in one (a new module is placed on purpose).
 LAYERS: list[dict[str, tuple[str, ...]]] = [
-    {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.paths", "robustd.roots",
-                    "robustd.yamlpos", "robustd.bounds", "robustd.identity", "robustd.inventory", "robustd.traffic",
-                    "robustd.cpuinfo", "robustd.sdnotify", "robustd.socketpath", "robustd.ratelog", "robustd.relay",
-                    "robustd.startup",
-                    "robustd.api.v1", "robustd.nvmlemu", "robustd.stragglers", "robustd.fleet",
+    {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.flags", "robustd.paths",
+                    "robustd.roots", "robustd.yamlpos", "robustd.bounds", "robustd.identity", "robustd.inventory",
+                    "robustd.traffic", "robustd.cpuinfo", "robustd.sdnotify", "robustd.socketpath", "robustd.ratelog",
+                    "robustd.relay", "robustd.startup", "robustd.tls", "robustd.api.v1", "robustd.nvmlemu",
+                    "robustd.stragglers", "robustd.fleet",
                     "robustd.cli.args")},  # the command-line pieces every console script shares (--help examples)
-    {"contracts": ("robustd.codes", "robustd.check", "robustd.config", "robustd.sections", "robustd.tls",
-                   "robustd.triage")},
+    {"contracts": ("robustd.codes", "robustd.check", "robustd.config", "robustd.sections", "robustd.triage")},
     # made (a finding), judged (a condition), stored (an event): three pieces that know nothing of each other
     {"made": ("checks",), "judged": ("robustd.policy", "robustd.boots"),
      "stored": ("robustd.store", "robustd.writer", "robustd.reads", "robustd.journal")},

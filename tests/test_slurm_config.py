@@ -46,6 +46,8 @@ BAD = [
     ("slurm:\n  epilog_diagnostics: thorough\n", "slurm.epilog_diagnostics", 2, "not a level"),
     ("slurm:\n  bogus: 1\n", "slurm.bogus", 2, "unknown key"),
     ("slurm:\n  triage: sometimes\n", "slurm.triage", 2, "boolean"),
+    ("slurm:\n  triage: 'false'\n", "slurm.triage", 2, "boolean"),  # a string, however it reads
+    ("slurm:\n  min_drains: 1\n  min_drains: 3\n", "slurm.min_drains", 3, "duplicate key (also at line 3)"),
     ("slurm:\n  triage_logs: [logs/%j.out]\n", "slurm.triage_logs.0", 2, "not an absolute path"),
     ("slurm:\n  triage_logs:\n    - /scratch/%u/%j/*.log\n    - /scratch/%x.out\n", "slurm.triage_logs.1", 4,
      "unknown %x (known: %j the job id, %u the job's user name, %% a %)"),
@@ -66,6 +68,15 @@ def test_bad_slurm_values_are_rejected_with_key_and_line(tmp_path: Path, cmd: st
     r = check(cmd, cfg)
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"{cfg}:{line + 1}: {key}: " in r.stderr and words in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", ["robustd", "robustd-slurm"])
+def test_a_config_that_is_not_utf8_is_a_config_error_for_the_adapter_too(tmp_path: Path, cmd: str) -> None:
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_bytes(b"slurm:\n  reason_prefix: r\xf6bustd\n")
+    r = check(cmd, cfg)
+    assert r.returncode == 1 and f"{cfg}:2: the config is not UTF-8 text: byte 0xf6" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from checks.common.thresholds import Level, Strict, load
 from robustd.check import CheckConfig
 from robustd.durations import Duration
+from robustd.flags import Flag
 
 RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table and its thresholds
 
@@ -53,7 +54,7 @@ class DiskConfig(BaseModel):
     min_free_percent: float = Field(default_factory=lambda: thresholds().disk_space.low.free_percent, ge=0, le=100)
     critical_free_percent: float = Field(default_factory=lambda: thresholds().disk_space.critical.free_percent,
                                          ge=0, le=100)
-    readonly_is_fault: bool = True  # false for a mount that is read-only on purpose
+    readonly_is_fault: Flag = True  # false for a mount that is read-only on purpose
     device: str | None = None  # block device for ioerr_cnt (e.g. sda); default: from the mount table
 
     @field_validator("path")

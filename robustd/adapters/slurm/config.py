@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from robustd.adapters.common.config import ActionName
 from robustd.config import LEVELS, Schema, known
 from robustd.durations import Duration, PositiveDuration
+from robustd.flags import Flag
 from robustd.model import Action
 from robustd.paths import AbsPath, NameOrPath
 
@@ -95,7 +96,7 @@ class SlurmConfig(BaseModel):
     epilog_timeout: PositiveDuration = 600.0  # the epilog's diagnostics, all of it
     # The epilog triages a failed job's logs first (README, "Triage") and runs epilog_diagnostics only when the
     # cause may be the machine (infra likely or unknown, next step diagnose); false: diagnose every failed job.
-    triage: bool = True
+    triage: Flag = True
     # More logs to triage besides the job's StdOut/StdErr: absolute globs, %j job id, %u user, %% a %.
     triage_logs: list[LogPattern] = Field(default_factory=list, max_length=MAX_TRIAGE_PATTERNS)
     reconcile_interval: PositiveDuration = 300.0  # Slurm's state re-read and compared this often (and at start)
