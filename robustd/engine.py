@@ -93,6 +93,11 @@ class EngineView:
         return self._journal.error
 
     @property
+    def disk_stuck(self) -> bool:
+        """The state disk does not answer (a write has hung): what needs files there must not start now."""
+        return self._journal.stuck
+
+    @property
     def events_held(self) -> int:
         """Decided changes not yet on disk."""
         return len(self._journal.backlog)

@@ -171,6 +171,12 @@ class Journal:
         except TimeoutError:
             return False
 
+    @property
+    def stuck(self) -> bool:
+        """A write has not returned for STUCK_AFTER: the state disk does not answer (frozen, hung)."""
+        busy = self.writer.busy_since
+        return busy is not None and time.monotonic() - busy >= STUCK_AFTER
+
     def watch(self) -> None:
         """A write that does not come back is a state disk that does not answer: say so while it hangs."""
         busy = self.writer.busy_since

@@ -151,12 +151,16 @@ def xid(addr: str, n: int) -> str:
 
 
 def answers_within(call: Any, within: float = 1.0) -> Any:
-    """`call()`'s answer, or its UNAVAILABLE saying the log is unreadable, within `within` seconds."""
+    """`call()`'s answer, or its error (UNAVAILABLE saying the log is unreadable, or a refusal of its own), within
+    `within` seconds."""
     t0 = time.monotonic()
     try:
         out = call(within + 1.0)
     except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.UNAVAILABLE and "unreadable" in (e.details() or ""), (e.code(), e.details())
+        if e.code() == grpc.StatusCode.UNAVAILABLE:  # the log could not be read in time: it says so
+            assert "unreadable" in (e.details() or ""), e.details()
+        else:  # an answer of its own (no such report; no diagnostic on a disk that does not answer)
+            assert e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION), (e.code(), e.details())
         out = e
     took = time.monotonic() - t0
     assert took < within, f"answered after {took:.2f}s"
@@ -209,6 +213,13 @@ def test_a_frozen_state_disk_keeps_every_read_rpc_within_a_second_and_the_kernel
         assert cond(v, "XID_79", f"gpu/{gpu_b}.0") is not None
         r = d.robustctl("events", timeout=10)  # an operator is told why, at once
         assert r.returncode != 0 and "unreadable" in r.stderr, r.stdout + r.stderr
+        deadline = time.monotonic() + 15  # once the disk is known not to answer, no diagnostic starts on it
+        while "not responding" not in quick_verdict(d).event_log_error:
+            assert time.monotonic() < deadline, d.log()
+            time.sleep(0.2)
+        got = answers_within(lambda t: first_event(diag.Run(pb.RunRequest(tests=["all_to_all"]), timeout=t)))
+        assert isinstance(got, grpc.RpcError) and got.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "state disk is not responding" in (got.details() or "")
         ch.close()
     finally:
         subprocess.run(["fsfreeze", "-u", str(ext4_disk)], check=True)

@@ -55,7 +55,8 @@ class Busy(Exception):
 
 
 class Refused(Exception):
-    """GPU compute processes are alive and the request did not force (→ FAILED_PRECONDITION)."""
+    """The node cannot run it now (→ FAILED_PRECONDITION): GPU compute processes are alive and the request
+    did not force, or the state disk does not answer."""
 
 
 @dataclass
@@ -102,6 +103,9 @@ class DiagnosticsManager:
         validate(req, cfg)
         if self.running is not None:
             raise Busy(f"diagnostic {self.running.id} is running; one at a time per node")
+        if self.view.disk_stuck:  # the children's files live in state_dir: a run would hang the loop on them
+            raise Refused(f"the state disk is not responding ({self.view.store_error}); a diagnostic needs it for "
+                          "its children's files, so none starts until it answers (GetVerdict answers meanwhile)")
         tests = self._tests(req, cfg)
         view = self.gpu_inventory()
         known = {g.bus_id for g in view.devices}
