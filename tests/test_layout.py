@@ -206,14 +206,15 @@ def test_the_named_boundaries_hold() -> None:
 
 def test_every_check_is_one_folder_of_one_shape_and_nothing_else_is_under_checks() -> None:
     """checks/<name>/ for each built-in check: __init__.py exporting its class from check.py, its Config in
-    config.py, its rule file rules.yaml; beside them only checks/common/ (no stop-time child: stoptests/)."""
+    config.py, its rule file rules.yaml; beside them only checks/common/ and checks/rules/ (the inventory of what
+    drivers print, which the kernel rules are tested against; no stop-time child: stoptests/)."""
     from checks import BUILTIN
     from checks.kernel.rules import SHIPPED_RULES
 
     # (a folder holding only byte code is what a checkout leaves behind when a package moves: not a folder)
     folders = {p.name for p in (REPO / "checks").iterdir()
                if p.is_dir() and p.name != "__pycache__" and any(c.name != "__pycache__" for c in p.iterdir())}
-    assert folders == {c.name for c in BUILTIN} | {"common"}
+    assert folders == {c.name for c in BUILTIN} | {"common", "rules"}
     for cls in BUILTIN:
         files = {p.name for p in (REPO / "checks" / cls.name).iterdir()}
         assert {"__init__.py", "check.py", "config.py", "rules.yaml"} <= files, (cls.name, files)
