@@ -146,6 +146,7 @@ def test_four_healthy_hosts_pass_and_every_report_stays_on_its_daemon(cluster: A
         assert set(rows[h]["reports"]) <= set(listed) and len(rows[h]["reports"]) == 4, (rows[h], list(listed))
         assert [list(listed[x].tests) for x in rows[h]["reports"]].count(["all_gather"]) == 3
         assert all(listed[x].outcome == pb.OUTCOME_PASS for x in rows[h]["reports"])
+        assert {listed[x].run_id for x in rows[h]["reports"]} == {doc["run_id"]}  # tagged with the run id
 
 
 def test_a_rate_limited_host_is_the_only_suspect(cluster: Any) -> None:
@@ -158,8 +159,8 @@ def test_a_rate_limited_host_is_the_only_suspect(cluster: Any) -> None:
     assert "median" in reason and "GB/s" in reason, reason  # its bandwidth against the median pair's
     rows = host_rows(doc)
     assert rows[c.hosts[2]]["pairs"] == "FAIL"
-    healthy = [rows[h]["busbw_gbps"] for h in c.hosts if h != c.hosts[2]]
-    assert rows[c.hosts[2]]["busbw_gbps"] < 0.1 * min(healthy), c.explain(doc, err)
+    # a row's figure is its host's slowest pair: node-0 is the one host not next to node-2 on the ring 0-1-2-3
+    assert rows[c.hosts[2]]["busbw_gbps"] < 0.1 * rows[c.hosts[0]]["busbw_gbps"], c.explain(doc, err)
 
 
 def test_a_host_whose_link_is_down_is_the_suspect_while_its_daemon_answers(cluster: Any) -> None:
@@ -252,7 +253,7 @@ def test_sigint_during_the_pairs_cancels_every_daemons_run(cluster: Any) -> None
         if proc.poll() is None:
             proc.kill()
         out, err = proc.communicate(10)
-    assert proc.returncode != 0, out + err
+    assert proc.returncode == 130, out + err  # robustctl's Ctrl-C
 
     def cancelled() -> bool:
         return all(next(r for r in c.reports(i) if r.id == running[i]).outcome == pb.OUTCOME_CANCELLED
