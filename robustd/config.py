@@ -179,8 +179,6 @@ class CollectivesConfig(Strict):
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl with real GPUs, else gloo
     cpu_ranks: int = Field(default=4, ge=2, le=64)  # ranks on a host without GPUs
     min_busbw_gbps: float = Field(default=0.0, ge=0)  # all_to_all bus bandwidth floor (0 = none)
-    # Payload per rank and iteration of all_to_all and all_gather; unset: the test's own default by backend.
-    size_mb: float | None = Field(default=None, gt=0, le=65536)
     timeout: Duration = 300.0
 
 

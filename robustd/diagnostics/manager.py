@@ -278,8 +278,7 @@ class DiagnosticsManager:
         spec: dict[str, Any] = {
             "test": test.name, "run_id": run.id, "node": self.node, "work_dir": work, "timeout": timeout,
             "gpus": gpus, "backend": backend, "cpu_ranks": cfg.collectives.cpu_ranks,
-            "min_busbw_gbps": cfg.collectives.min_busbw_gbps, "size_mb": cfg.collectives.size_mb,
-            "steps": cfg.minigpt.steps,
+            "min_busbw_gbps": cfg.collectives.min_busbw_gbps, "steps": cfg.minigpt.steps,
             "eud": {"command": list(cfg.eud.command)}, "faults": {},
         }
         if (rv := req.rendezvous) is not None:
