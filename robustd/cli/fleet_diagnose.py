@@ -170,8 +170,10 @@ def text(d: Diagnosis, width: int | None = render.DEFAULT_WIDTH) -> str:
     phases = ", ".join(f"{p.name} {p.outcome}" + (f" {p.seconds:.1f} s" if p.outcome != "SKIPPED" else "")
                        for p in d.phases)
     named = [s for s in d.suspects if s.kind != "unreachable"]
+    gone = len(d.suspects) - len(named)
     head = (f"fleet diagnose {d.run_id}: {d.outcome} in {d.seconds:.1f} s ({phases}); "
-            + (f"{render.plural(len(named), 'suspect')}" if named else "no suspects"))
+            + (f"{render.plural(len(named), 'suspect')}" if named else "no suspects")
+            + (f", {gone} unreachable" if gone else ""))
     out = head + "\n" + render.table(["HOST", "ADDR", "LOCAL", "INTER", "PAIRS", "BUSBW", "VERDICT", "REASON"],
                                      rows, width)
     if named:

@@ -279,6 +279,7 @@ class DiagnosticsManager:
             "test": test.name, "run_id": run.id, "node": self.node, "work_dir": work, "timeout": timeout,
             "gpus": gpus, "backend": backend, "cpu_ranks": cfg.collectives.cpu_ranks,
             "min_busbw_gbps": cfg.collectives.min_busbw_gbps, "steps": cfg.minigpt.steps,
+            "size_mb": cfg.collectives.size_mb, "iterations": cfg.collectives.iterations,  # 0: the test's default
             "eud": {"command": list(cfg.eud.command)}, "faults": {},
         }
         if (rv := req.rendezvous) is not None:

@@ -149,6 +149,7 @@ class _Run:
         self.stopped = False  # cancelled by the caller
         self.done = threading.Event()
         self._call: Any = None
+        self._ended = False  # end_stream was asked before the call existed
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._read, name="fleet-diagnose-run", daemon=True)
 
@@ -161,6 +162,8 @@ class _Run:
             channel = self.client.open()
             with self._lock:
                 self._call = pb_grpc.DiagnosticsStub(channel).Run(self.request, timeout=self.backstop)
+                if self._ended:
+                    self._call.cancel()
             for msg in self._call:
                 if msg.id and not self.id:
                     self.id = msg.id
@@ -199,6 +202,7 @@ class _Run:
 
     def end_stream(self) -> None:
         with self._lock:
+            self._ended = True
             if self._call is not None:
                 self._call.cancel()
 
@@ -417,15 +421,12 @@ class _Diagnoser:
         for r in results:
             for p in r.pair:
                 by_pos.setdefault(p, []).append(r.pair)
-            if r.busbw_gbps is not None:
-                for p in r.pair:
-                    row = self.rows[hosts[p]]
-                    low = r.busbw_gbps if row.pairs == "SKIPPED" or row.busbw_gbps is None else min(row.busbw_gbps,
-                                                                                                     r.busbw_gbps)
-                    row.busbw_gbps = low
+        measured = {r.pair: r.busbw_gbps for r in results if r.busbw_gbps is not None}
         for p, mine in by_pos.items():
             verdicts = {j.verdicts[q] for q in mine}
             row = self.rows[hosts[p]]
+            figures = [measured[q] for q in mine if q in measured]
+            row.busbw_gbps = min(figures) if figures else None  # its lowest pair: a slow one stands out
             row.pairs = "FAIL" if "FAIL" in verdicts else "PASS" if verdicts == {"PASS"} else "ERROR"
             for q in mine:
                 if j.verdicts[q] == "ERROR":

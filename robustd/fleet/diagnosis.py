@@ -199,6 +199,13 @@ def judge_local(run: RunOutcome) -> LocalVerdict:
 
 # ---- the collectives ------------------------------------------------------------------------------
 
+MAX_SAID = 300  # characters of one daemon's message in a pair's reason
+
+
+def _cut(message: str) -> str:
+    return message if len(message) <= MAX_SAID else message[:MAX_SAID - 3] + "..."
+
+
 def _rendezvous_error(r: Result) -> bool:
     """The all-gather's own ERROR saying its ranks could not meet: the data plane, not the harness."""
     return r.status == "ERROR" and (r.cause == "rendezvous" or r.message.startswith("ranks could not rendezvous"))
@@ -292,7 +299,7 @@ def pair_result(pair: tuple[int, int], runs: tuple[RunOutcome | None, RunOutcome
         fails = [x.message for x in ag if x.status == "FAIL"]
         rdv = [x.message for x in ag if _rendezvous_error(x)]
         if fails or rdv:
-            bad.append(f"{who}: {'; '.join(fails + rdv)}")
+            bad.append(f"{who} saw: {'; '.join(_cut(m) for m in fails + rdv)}")
         elif any(x.status == "ERROR" for x in ag) or not ag:
             untested.append(f"{who}: " + ("; ".join(x.message for x in ag if x.status == "ERROR")
                                           or run.message or "no all_gather result"))
