@@ -56,7 +56,7 @@ proto: $(STAMP)
 man: $(STAMP)
 	$(PY) scripts/gen-man.py
 
-BENCHES = detect_kmsg rules detect_hw overhead api_load diag fleet stragglers shutdown slurm k8s recorder
+BENCHES = detect_kmsg rules detect_hw overhead api_load diag fleet fleet_diagnose stragglers shutdown slurm k8s recorder
 
 bench: $(STAMP)
 	set -e; for b in $(BENCHES); do $(PY) bench/$$b.py; done

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class BenchDaemon:
-    def __init__(self, config: dict[str, Any] | None = None, wait: bool = True):
+    def __init__(self, config: dict[str, Any] | None = None, wait: bool = True, wrap: list[str] | None = None):
+        """`wrap`: a command prefix for the daemon, e.g. `ip netns exec NS` to run it in a network namespace."""
         self.dir = Path(tempfile.mkdtemp(prefix="rdb-", dir="/tmp"))
         self.socket = str(self.dir / "robustd.sock")
         cfg: dict[str, Any] = {"node_name": "bench", "state_dir": str(self.dir / "state"),
@@ -31,7 +32,7 @@ class BenchDaemon:
         cfg["listen"].update(config.pop("listen", {}))  # a bench's listen keys beside the socket
         cfg.update(config)
         (self.dir / "robustd.yaml").write_text(yaml.safe_dump(cfg))
-        self.proc = subprocess.Popen([sys.executable, "-m", "robustd.daemon", "--config",
+        self.proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", "robustd.daemon", "--config",
                                       str(self.dir / "robustd.yaml")], cwd=REPO,
                                      stderr=open(self.dir / "log", "wb"))  # noqa: SIM115
         if wait:

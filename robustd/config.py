@@ -197,6 +197,10 @@ class CollectivesConfig(Strict):
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # auto: nccl with real GPUs, else gloo
     cpu_ranks: int = Field(default=4, ge=2, le=64)  # ranks on a host without GPUs
     min_busbw_gbps: float = Field(default=0.0, ge=0)  # all_to_all bus bandwidth floor (0 = none)
+    # Payload per rank and iteration (MiB) and timed iterations; 0: the test's own default for its backend
+    # (stoptests/collective_launcher.py DEFAULTS). Smaller for a slow fabric or a test bench.
+    size_mb: float = Field(default=0.0, ge=0, le=65536)
+    iterations: int = Field(default=0, ge=0, le=100_000)
     timeout: Duration = 300.0
 
 

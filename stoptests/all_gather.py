@@ -219,7 +219,10 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
     from a rendezvous the others reached, a master that went away after everybody joined. A
     rendezvous nobody else reached (or that this node could not reach), ranks that could not form the
     process group anywhere, and this node's own ranks failing in Python before joining are ERRORs:
-    they say the harness, the addresses or the network setup are wrong, not which hardware is.
+    they say the harness, the addresses or the network setup are wrong, not which hardware is. Such an
+    ERROR's details say which in `cause`: `rendezvous` (the ranks could not meet: addresses, ports, the
+    network) or `harness` (the test could not run: torch, the interpreter); a job-level diagnosis tells a
+    broken data plane from a broken harness by it (robustd/fleet/diagnosis.py).
     """
     me, L = rdv.node_rank, rdv.local
     peers = [k for k in range(rdv.nodes) if k != me]
@@ -241,13 +244,15 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
                        f"{ln.timeout:g}s timeout")
             why += f": {rdv.connect_error}" if rdv.connect_error else ""
             return untested("this node could not join the rendezvous") + [
-                ("host", Verdict(ERROR, f"ranks could not rendezvous: {why}", {}, {**base, "node_rank": me}))]
+                ("host", Verdict(ERROR, f"ranks could not rendezvous: {why}", {},
+                                 {**base, "node_rank": me, "cause": "rendezvous"}))]
         missing = [k for k in range(rdv.nodes) if k not in rdv.joined]
         if not any(k in rdv.joined for k in peers):  # nobody else came: a wrong address, port or run id
             why = (f"no other node joined the rendezvous on {rdv.addr}:{rdv.port} within the {ln.timeout:g}s "
                    f"timeout ({rdv.nodes} nodes expected)" + (f"; {rdv.store_lost}" if rdv.store_lost else ""))
             return untested("no other node joined") + [
-                ("host", Verdict(ERROR, f"ranks could not rendezvous: {why}", {}, {**base, "node_rank": me}))]
+                ("host", Verdict(ERROR, f"ranks could not rendezvous: {why}", {},
+                                 {**base, "node_rank": me, "cause": "rendezvous"}))]
         why = f"never joined the rendezvous within the {ln.timeout:g}s timeout"
         if rdv.store_lost and not missing:  # everybody had joined, then the master went away
             why = f"(the rendezvous master) went away before the exchange: {rdv.store_lost}"
@@ -345,7 +350,7 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
         if k in suspects:
             out.append((comp, Verdict(FAIL, suspects[k], figs, details)))
         elif k in errors:
-            out.append((comp, Verdict(ERROR, f"node {rdv.name(k)} {errors[k]}", figs, details)))
+            out.append((comp, Verdict(ERROR, f"node {rdv.name(k)} {errors[k]}", figs, {**details, "cause": "harness"})))
         elif verified:
             out.append((comp, Verdict(PASS, f"all-gather data from node {rdv.name(k)} verified over "
                                             f"{ln.iterations} iterations"
@@ -362,7 +367,9 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
     if own:
         out.append(("host", Verdict(FAIL, "; ".join(own), figs, base)))
     elif own_errors:
-        out.append(("host", Verdict(ERROR, "; ".join(own_errors), figs, base)))
+        # every rank failed in Python before joining: the harness; otherwise the ranks could not meet
+        cause = "harness" if len(harness) == L else "rendezvous"
+        out.append(("host", Verdict(ERROR, "; ".join(own_errors), figs, {**base, "cause": cause})))
     return out
 
 

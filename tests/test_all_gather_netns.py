@@ -3,13 +3,13 @@ namespace, joined by veth links to a bridge, as three hosts on one switch."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import uuid
 from typing import Any, Iterator
 
 import pytest
 from conftest import Daemon, need_root
+from netns_fabric import Fabric
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
@@ -17,34 +17,12 @@ from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 NODES = 3
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
-
 @pytest.fixture
 def fabric() -> Iterator[list[tuple[str, str]]]:
     """[(netns name, address)] for NODES hosts on one bridge."""
     need_root("network namespaces")
-    tag = uuid.uuid4().hex[:5]
-    bridge = f"rdbr{tag}"
-    hosts = [(f"rdag-{tag}-{i}", f"10.77.{int(tag[:2], 16)}.{i + 1}") for i in range(NODES)]
-    ip("link", "add", bridge, "type", "bridge")
-    ip("link", "set", bridge, "up")
-    try:
-        for i, (ns, addr) in enumerate(hosts):
-            ip("netns", "add", ns)
-            ip("link", "add", f"rdv{tag}{i}", "type", "veth", "peer", "name", f"rdh{tag}{i}")
-            ip("link", "set", f"rdh{tag}{i}", "netns", ns)
-            ip("link", "set", f"rdv{tag}{i}", "master", bridge, "up")
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", f"rdh{tag}{i}")
-            ip("-n", ns, "link", "set", f"rdh{tag}{i}", "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield hosts
-    finally:
-        for i, (ns, _) in enumerate(hosts):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
-            subprocess.run(["ip", "link", "del", f"rdv{tag}{i}"], capture_output=True, timeout=20)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True, timeout=20)
+    with Fabric(NODES, prefix="rdag") as f:
+        yield [(h.ns, h.addr) for h in f.hosts]
 
 
 def start_nodes(make_daemon: Any, hosts: list[tuple[str, str]]) -> list[Daemon]:

@@ -73,7 +73,9 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
               "robustd.diagnostics", "robustd.tracer", "robustd.reload", "robustd.authz")},
     {"served": ("robustd.api", "robustd.metrics", "robustd.metrics_http", "robustd.server", "robustd.daemon")},
     # what a client of the API is made of: the adapters' common base, robustctl's views and verbs
-    {"clients' base": ("robustd.adapters.common", "robustd.adapters", "robustd.cli")},
+    # (robustd.fleet.diagnose: the job-level diagnosis dials the daemons as robustctl does; the rest of
+    # robustd.fleet, its plain types and judging included, stays vocabulary)
+    {"clients' base": ("robustd.adapters.common", "robustd.adapters", "robustd.cli", "robustd.fleet.diagnose")},
     # each adapter on the common base, never on another adapter
     {"slurm": ("robustd.adapters.slurm",), "k8s": ("robustd.adapters.k8s",)},
     # robustctl itself: every verb, the Slurm hooks among them (`robustctl slurm`)

@@ -40,7 +40,7 @@ def run_request(req: pb.RunRequest) -> RunRequest:
         rendezvous=None if rv is None else Rendezvous(master_addr=rv.master_addr, master_port=rv.master_port,
                                                       world_size=rv.world_size, node_rank=rv.node_rank,
                                                       run_id=rv.run_id),
-        test_faults_json=req.test_faults_json)
+        test_faults_json=req.test_faults_json, run_id=req.run_id)
 
 
 def result(x: TestResult) -> pb.TestResult:
@@ -52,7 +52,7 @@ def report(r: Report) -> pb.DiagnosticReport:
     return pb.DiagnosticReport(
         id=r.id, outcome=int(r.outcome), severity=int(r.severity or 0), action=int(r.action or 0),
         suspects=r.suspects, results=[result(x) for x in r.results], node=r.node, tests=r.tests,
-        started=ts(r.started), finished=ts(r.finished), message=r.message)
+        started=ts(r.started), finished=ts(r.finished), message=r.message, run_id=r.run_id)
 
 
 def progress(p: Progress) -> pb.DiagnosticProgress:
@@ -80,7 +80,7 @@ def report_from_pb(m: pb.DiagnosticReport) -> Report:
                             status=Status(x.status) if x.status in Status._value2member_map_ else Status.ERROR,
                             message=x.message, figures=dict(x.figures), details=dict(x.details))
                  for x in m.results],
-        message=m.message)
+        message=m.message, run_id=m.run_id)
 
 
 def legacy_report(blob: bytes) -> tuple[str, str] | None:

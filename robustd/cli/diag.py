@@ -31,7 +31,7 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
              "robustctl diag run --level quick\nrobustctl diag run --tests eud,all_to_all --gpus 0000:1b:00.0 "
              "--no-stop-on-failure")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--tests", type=_tests, help=f"comma-separated, in order: {','.join(TESTS)}")
+    g.add_argument("--tests", type=test_list, help=f"comma-separated, in order: {','.join(TESTS)}")
     g.add_argument("--level", help="a named list from config: quick, standard, full")
     r.add_argument("--gpus", type=lambda s: [x for x in s.split(",") if x], default=[], help="bus ids (default all)")
     r.add_argument("--no-stop-on-failure", action="store_true", help="run every test even after a failure")
@@ -39,6 +39,8 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     r.add_argument("--force", action="store_true", help="run even while GPU compute processes are alive")
     r.add_argument("--rendezvous", type=_rendezvous, metavar="ADDR:PORT,WORLD,RANK[,RUN_ID]",
                    help="for all_gather: master address:port, nodes, this node's rank, a run id")
+    r.add_argument("--run-id", default="", metavar="ID",
+                   help="a tag kept in the report and shown by `diag list` (default: the rendezvous's run id)")
     verb("list", "recent diagnostic reports", "robustctl diag list --limit 5").add_argument(
         "--limit", type=int, default=20)
     verb("show", "one report", "robustctl diag show diag-20261130-154045-5d9ab3").add_argument("id")
@@ -86,6 +88,7 @@ def _run(client: Any, args: argparse.Namespace) -> int:
         req.timeout.FromNanoseconds(int(args.run_timeout * 1e9))
     if args.rendezvous:
         req.rendezvous.CopyFrom(args.rendezvous)
+    req.run_id = args.run_id
     channel = client.open()
     report = None
     live = Live(sys.stderr.isatty())
@@ -221,7 +224,7 @@ def failure_reasons(results: Any) -> list[str]:
 def report_text(r: pb.DiagnosticReport) -> str:
     head = [f"diagnostic {r.id} on {r.node}: {pb.Outcome.Name(r.outcome).removeprefix('OUTCOME_')}"
             + (f" ({render.severity_name(r.severity)}, action {render.action_name(r.action)})"
-               if r.outcome == pb.OUTCOME_FAIL else "")]
+               if r.outcome == pb.OUTCOME_FAIL else "") + (f" (run id {r.run_id})" if r.run_id else "")]
     if r.suspects:
         head.append(f"suspects: {', '.join(r.suspects)}")
     if r.message:
@@ -238,9 +241,9 @@ def report_text(r: pb.DiagnosticReport) -> str:
 def _list_text(reports: Any) -> str:
     if not reports:
         return "no diagnostics"
-    rows = [[r.id, render.local_time(r.started), ",".join(r.tests), pb.Outcome.Name(r.outcome).removeprefix("OUTCOME_"),
-             ", ".join(r.suspects)] for r in reports]
-    return render.table(["ID", "STARTED", "TESTS", "OUTCOME", "SUSPECTS"], rows)
+    rows = [[r.id, render.local_time(r.started), r.run_id or "-", ",".join(r.tests),
+             pb.Outcome.Name(r.outcome).removeprefix("OUTCOME_"), ", ".join(r.suspects)] for r in reports]
+    return render.table(["ID", "STARTED", "RUN", "TESTS", "OUTCOME", "SUSPECTS"], rows)
 
 
 def exit_code(r: pb.DiagnosticReport) -> int:
@@ -251,7 +254,8 @@ def exit_code(r: pb.DiagnosticReport) -> int:
     return 4
 
 
-def _tests(text: str) -> list[str]:
+def test_list(text: str) -> list[str]:
+    """`eud,all_to_all`: known test names, in order (an argparse type)."""
     tests = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in tests if t not in TESTS]
     if bad or not tests:

@@ -5,7 +5,8 @@ Bad layouts or inputs raise ValueError (robustd.fleet.replay.LayoutError is one)
 into exit 64 with the message on one line of stderr.
 
 Exit codes of `fleet status`: 2 if any host is CRITICAL, else 3 if any is unreachable, else 1 if any
-is WARNING, else 0. Of `fleet stacks`: 0 no outlier, 1 suspects named, 3 no host answered.
+is WARNING, else 0. Of `fleet stacks`: 0 no outlier, 1 suspects named, 3 no host answered. Of `fleet
+diagnose`: robustd/cli/fleet_diagnose.py.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
         v.add_argument("--hosts-file", metavar="FILE", help="more hosts, one per line (# comments)")
         return v
 
+    from robustd.cli import fleet_diagnose
+
+    fleet_diagnose.add_arguments(verb(
+        "diagnose", "the stop-time tests across a job's machines: local tests on each, one all-gather across "
+                    "all, then pairs along a ring; names the slow or broken machine, or link", fleet_diagnose.EXAMPLE))
     hosts(verb("status", "every host's verdict in one table (concurrent GetVerdict; unreachable hosts listed)",
                "robustctl fleet status node1 node2:7070 unix:/run/robustd/robustd.sock\n"
                "robustctl fleet status --hosts-file hosts.txt --json"))
@@ -73,6 +79,10 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cmd = args.fleet_command
+    if cmd == "diagnose":
+        from robustd.cli import fleet_diagnose
+
+        return fleet_diagnose.run(args)
     if cmd == "status":
         return _status(args)
     if cmd == "stacks":

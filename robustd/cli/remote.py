@@ -30,10 +30,29 @@ class Outcome(Generic[T]):
     seconds: float = 0.0
 
 
-def read_hosts(path: str) -> list[str]:
-    """A hosts file: one host per line; blank lines and `#` comments ignored."""
+MAX_HOSTS_FILE = 4 << 20  # bytes of a hosts file read
+
+
+def read_entries(path: str) -> list[tuple[str, str | None]]:
+    """A hosts file: `HOST [ADDR]` a line (ADDR: where the other hosts reach this one, for `fleet diagnose`);
+    blank lines and `#` comments ignored; ValueError naming the line for one with more fields."""
     with open(path, encoding="utf-8") as f:
-        return [host for line in f if (host := line.split("#", 1)[0].strip())]
+        text = f.read(MAX_HOSTS_FILE + 1)
+    if len(text) > MAX_HOSTS_FILE:
+        raise ValueError(f"{path}: longer than {MAX_HOSTS_FILE >> 20} MiB")
+    out: list[tuple[str, str | None]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if len(fields) > 2:
+            raise ValueError(f"{path}:{n}: expected HOST [ADDR], got {len(fields)} fields")
+        if fields:
+            out.append((fields[0], fields[1] if len(fields) == 2 else None))
+    return out
+
+
+def read_hosts(path: str) -> list[str]:
+    """The hosts of a hosts file (an ADDR after a host is for `fleet diagnose`, and ignored here)."""
+    return [host for host, _addr in read_entries(path)]
 
 
 def hosts_from(args_hosts: Sequence[str], hosts_file: str | None) -> list[str]:

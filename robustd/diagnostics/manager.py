@@ -128,12 +128,13 @@ class DiagnosticsManager:
         timeout = cfg.timeout if req.timeout is None else req.timeout
         now = time.time()
         run_id = f"diag-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{uuid.uuid4().hex[:6]}"
-        report = Report(id=run_id, outcome=Outcome.RUNNING, node=self.node, tests=list(tests), started=now)
+        report = Report(id=run_id, outcome=Outcome.RUNNING, node=self.node, tests=list(tests), started=now,
+                        run_id=req.tag)
         run = Run(id=run_id, tests=tests, request=req, report=report, deadline=time.monotonic() + timeout)
         self._save(report)
         self.running = run
         run.task = asyncio.get_running_loop().create_task(self._execute(run, view), name=f"diag-{run_id}")
-        log.info("diagnostic %s started: %s", run_id, ", ".join(tests))
+        log.info("diagnostic %s started: %s%s", run_id, ", ".join(tests), f" (run id {req.tag})" if req.tag else "")
         return run
 
     def _busy_pids(self, view: GpuInventory) -> frozenset[int]:
@@ -282,6 +283,7 @@ class DiagnosticsManager:
             "test": test.name, "run_id": run.id, "node": self.node, "work_dir": work, "timeout": timeout,
             "gpus": gpus, "backend": backend, "cpu_ranks": cfg.collectives.cpu_ranks,
             "min_busbw_gbps": cfg.collectives.min_busbw_gbps, "steps": cfg.minigpt.steps,
+            "size_mb": cfg.collectives.size_mb, "iterations": cfg.collectives.iterations,  # 0: the test's default
             "eud": {"command": list(cfg.eud.command)}, "faults": {},
         }
         if (rv := req.rendezvous) is not None:

@@ -72,6 +72,7 @@ class Report:
     suspects: list[str] = field(default_factory=list)
     results: list[TestResult] = field(default_factory=list)
     message: str = ""
+    run_id: str = ""  # the caller's tag (RunRequest.run_id, else its rendezvous's run_id)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,12 @@ class RunRequest:
     force: bool = False  # run even while GPU compute processes are alive
     rendezvous: Rendezvous | None = None
     test_faults_json: str = ""  # test-only fault injection (diagnostics.test_faults)
+    run_id: str = ""  # the caller's tag, kept in the report (a job id, a fleet diagnosis's run id)
+
+    @property
+    def tag(self) -> str:
+        """The report's run id: the request's own, else its rendezvous's (the job the collective belongs to)."""
+        return self.run_id or (self.rendezvous.run_id if self.rendezvous is not None else "")
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,7 @@ def report_to_json(r: Report) -> str:
         "action": r.action.name if r.action is not None else None, "suspects": list(r.suspects),
         "results": [{"test": x.test, "component": x.component, "status": x.status.name, "message": x.message,
                      "figures": dict(x.figures), "details": dict(x.details)} for x in r.results],
-        "message": r.message}, sort_keys=True)
+        "message": r.message, "run_id": r.run_id}, sort_keys=True)
 
 
 def report_from_json(text: str) -> Report:
@@ -142,4 +149,4 @@ def report_from_json(text: str) -> Report:
         results=[TestResult(test=x["test"], component=x["component"], status=Status[x["status"]],
                             message=x.get("message", ""), figures=dict(x.get("figures", {})),
                             details=dict(x.get("details", {}))) for x in d.get("results", [])],
-        message=d.get("message", ""))
+        message=d.get("message", ""), run_id=d.get("run_id", ""))

@@ -38,6 +38,8 @@ def validate(req: RunRequest, cfg: DiagnosticsConfig) -> None:
         raise BadRequest(f"test_faults_json is longer than {MAX_FAULTS_JSON} bytes")
     if req.timeout is not None and not 0 < req.timeout <= MAX_RUN_TIMEOUT:
         raise BadRequest(f"timeout must be positive and at most {MAX_RUN_TIMEOUT / 86400:g} days")
+    if not RUN_ID.fullmatch(req.run_id):
+        raise BadRequest("run_id must be at most 128 characters of A-Z a-z 0-9 . _ : / @ + = -")
     rv = req.rendezvous
     if rv is not None:
         if not rv.master_addr or len(rv.master_addr) > MAX_ADDR or not ADDR.fullmatch(rv.master_addr):

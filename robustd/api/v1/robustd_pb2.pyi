@@ -281,7 +281,7 @@ class Rendezvous(_message.Message):
     def __init__(self, master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("tests", "level", "gpus", "stop_on_failure", "timeout", "force", "rendezvous", "test_faults_json")
+    __slots__ = ("tests", "level", "gpus", "stop_on_failure", "timeout", "force", "rendezvous", "run_id", "test_faults_json")
     TESTS_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +289,7 @@ class RunRequest(_message.Message):
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TEST_FAULTS_JSON_FIELD_NUMBER: _ClassVar[int]
     tests: _containers.RepeatedScalarFieldContainer[str]
     level: str
@@ -297,8 +298,9 @@ class RunRequest(_message.Message):
     timeout: _duration_pb2.Duration
     force: bool
     rendezvous: Rendezvous
+    run_id: str
     test_faults_json: str
-    def __init__(self, tests: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., stop_on_failure: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., force: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., test_faults_json: _Optional[str] = ...) -> None: ...
+    def __init__(self, tests: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., stop_on_failure: _Optional[bool] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., force: _Optional[bool] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., run_id: _Optional[str] = ..., test_faults_json: _Optional[str] = ...) -> None: ...
 
 class TestResult(_message.Message):
     __slots__ = ("test", "component", "status", "message", "figures", "details")
@@ -331,7 +333,7 @@ class TestResult(_message.Message):
     def __init__(self, test: _Optional[str] = ..., component: _Optional[str] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., message: _Optional[str] = ..., figures: _Optional[_Mapping[str, float]] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DiagnosticReport(_message.Message):
-    __slots__ = ("id", "outcome", "severity", "action", "suspects", "results", "node", "tests", "started", "finished", "message")
+    __slots__ = ("id", "outcome", "severity", "action", "suspects", "results", "node", "tests", "started", "finished", "message", "run_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +345,7 @@ class DiagnosticReport(_message.Message):
     STARTED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     outcome: Outcome
     severity: Severity
@@ -354,7 +357,8 @@ class DiagnosticReport(_message.Message):
     started: _timestamp_pb2.Timestamp
     finished: _timestamp_pb2.Timestamp
     message: str
-    def __init__(self, id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., suspects: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., node: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+    run_id: str
+    def __init__(self, id: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., action: _Optional[_Union[Action, str]] = ..., suspects: _Optional[_Iterable[str]] = ..., results: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., node: _Optional[str] = ..., tests: _Optional[_Iterable[str]] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class DiagnosticProgress(_message.Message):
     __slots__ = ("id", "test", "phase", "percent", "message", "results", "report")
