@@ -111,12 +111,69 @@ def meaning(rules: RuleSet, f: Finding) -> tuple[Severity, Action]:
     (["BTRFS critical (device nvme0n1p2): corrupt leaf: root=7 block=313769984 slot=16, csum end range "
       "(396081434624) goes beyond the start range (396080394240) of the next csum item"], "FS_CORRUPTION",
      "disk/nvme0n1p2", C, Action.HW_INSPECT),
+    # Issue 28: panics, RCU stalls, WARN() splats (raspberrypi/linux#2538, Evlers/linux_kernel_t113#2,
+    # skiffos/SkiffOS#147, NixOS/nixpkgs#160398).
+    (["Kernel panic - not syncing: Fatal exception in interrupt"], "KERNEL_PANIC", "host", C, Action.REBOOT),
+    # A soft lockup's panic (sonic-net/sonic-buildimage#17358), read after the reboot: it names the cause.
+    (["Kernel panic - not syncing: softlockup: hung tasks"], "KERNEL_PANIC", "host", C, Action.REBOOT),
+    (["rcu: INFO: rcu_sched self-detected stall on CPU"], "RCU_STALL", "host", C, Action.REBOOT),
+    (["rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:"], "RCU_STALL", "host", C, Action.REBOOT),
+    (["WARNING: CPU: 4 PID: 3540247 at fs/btrfs/inode.c:2736 btrfs_finish_ordered_io.isra.0+0x4d1/0x8b0 [btrfs]"],
+     "KERNEL_WARNING", "host", W, Action.NONE),
+    # Machine checks the kernel recovered from, CMCI storms, GHES recoverable (linux-mm, enarx/enarx#2263,
+    # SUSE KB 000021436, matrixorigin/matrixone#20374).
+    (["mce: Uncorrected hardware memory error in user-access at af34214200"], "MEMORY_FAILURE", "host", W,
+     Action.HW_INSPECT),
+    (["Memory failure: 0x8a398a: recovery action for dirty LRU page: Recovered"], "MEMORY_FAILURE", "host", W,
+     Action.HW_INSPECT),
+    (["CMCI storm detected: switching to poll mode"], "CMCI_STORM", "host", W, Action.HW_INSPECT),
+    (["{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 4",
+      "{7}[Hardware Error]: event severity: recoverable"], "MCE_HARDWARE_ERROR", "host", W, Action.HW_INSPECT),
+    (["{7}[Hardware Error]: event severity: fatal"], "MCE_HARDWARE_ERROR", "host", C, Action.HW_INSPECT),
+    # Storage: ext4 mounted with errors, btrfs aborted transactions and checksum errors, SCSI offline,
+    # block-layer timeouts (motioneye-project/motioneyeos#1006, linux-btrfs, maharmstone/btrfs#88,
+    # longhorn/longhorn#12470, dCache/dcache#1708, linux-block).
+    (["EXT4-fs (mmcblk0p3): warning: mounting fs with errors, running e2fsck is recommended"], "FS_ERROR",
+     "disk/mmcblk0p3", W, Action.HW_INSPECT),
+    (["BTRFS error (device loop0 state A): Transaction aborted (error -5)"], "FS_ERROR", "disk/loop0", W,
+     Action.HW_INSPECT),
+    (["BTRFS warning (device sda2): csum failed root 258 ino 9276991 off 8192 csum 0xf70240b1 expected csum "
+      "0x0c62ca5b mirror 1"], "FS_ERROR", "disk/sda2", W, Action.HW_INSPECT),
+    (["sd 2:0:0:1: Device offlined - not ready after error recovery"], "SCSI_DEVICE_OFFLINE", "disk/2:0:0:1", C,
+     Action.REBOOT),
+    (["sd 1:0:0:0: [sdb] Medium access timeout failure. Offlining disk!"], "SCSI_DEVICE_OFFLINE", "disk/sdb", C,
+     Action.REBOOT),
+    (["timeout error, dev nullb0, sector 8 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2"], "DISK_IO_ERROR",
+     "disk/nullb0", W, Action.HW_INSPECT),
 ])
 def test_each_class_yields_its_condition(rules: RuleSet, records: list[str], code: str, component: str,
                                          severity: Severity, action: Action) -> None:
     found = feed(rules, *records)
     assert [(f.code, f.component) for f in found] == [(code, component)], found
     assert meaning(rules, found[0]) == (severity, action)
+
+
+def test_an_rcu_stall_is_judged_as_a_soft_lockup(rules: RuleSet) -> None:
+    """One RCU stall is tolerated within an hour, like a soft lockup; a whole stall report (Evlers/
+    linux_kernel_t113#2, its follow-up lines as printed) is one occurrence, on its headline."""
+    assert rules.codes["RCU_STALL"].tolerate == rules.codes["SOFT_LOCKUP"].tolerate
+    assert rules.codes["RCU_STALL"].sticky and rules.codes["KERNEL_PANIC"].sticky
+    found = feed(rules, "rcu: INFO: rcu_sched self-detected stall on CPU",
+                 "rcu:     1-....: (8382 ticks this GP) idle=3a04/1/0x40000002 softirq=118/122 fqs=1344",
+                 "rcu:     (t=8403 jiffies g=-1055 q=60 ncpus=2)",
+                 "rcu: rcu_sched kthread starved for 1519 jiffies! g-1055 f0x0 RCU_GP_WAIT_FQS(5) "
+                 "->state=0x402 ->cpu=0",
+                 "rcu:     Unless rcu_sched kthread gets sufficient CPU time, OOM is now expected behavior.",
+                 "rcu: RCU grace-period kthread stack dump:")
+    assert [f.code for f in found] == ["RCU_STALL"]
+
+
+def test_a_cmci_storm_subsiding_resolves_it(rules: RuleSet) -> None:
+    """SUSE KB 000021436: storms come and go; each 'subsided' clears the storm on `host`."""
+    found = feed(rules, "CMCI storm detected: switching to poll mode",
+                 "CMCI storm subsided: switching to interrupt mode")
+    assert [(f.code, f.kind.value, f.component) for f in found] == [
+        ("CMCI_STORM", "occurrence", "host"), ("CMCI_STORM", "resolved", "host")]
 
 
 def test_a_soft_lockup_is_tolerated_once_per_hour(rules: RuleSet) -> None:
@@ -272,7 +329,8 @@ def test_raid1_degraded_names_the_failed_member(rules: RuleSet) -> None:
     "nvme nvme0: Removing ctrl: NQN \"blktests-subsystem-1\"",
     "XFS (dm-0): xfs_log_force: error -5 returned.",
     "EXT4-fs (rbd0): initial error at time 1542617684: ext4_mb_generate_buddy:757",
-    "Kernel panic - not syncing: softlockup: hung tasks",
+    # The panic's closing line (linux-speakup/speakup#1): the panic itself is KERNEL_PANIC, once.
+    "---[ end Kernel panic - not syncing: Fatal exception in interrupt ]---",
 ])
 def test_lines_that_share_words_raise_nothing(rules: RuleSet, line: str) -> None:
     assert rules.match([line]) == []
