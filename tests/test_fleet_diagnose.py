@@ -171,6 +171,9 @@ def test_inter_blames_whom_most_peers_name_and_never_with_two_hosts() -> None:
     one_witness = [runs[0], done("PASS", ag("PASS", 0), ag("PASS", 2)), done("PASS", ag("PASS", 0), ag("PASS", 1))]
     assert not judge_inter(one_witness).blamed  # one of two others is no majority
     assert not judge_inter([done("FAIL", ag("FAIL", 1, "late")), done("PASS", ag("PASS", 0))]).blamed
+    never = [done("FAIL", ag("FAIL", 2, "node rank 2 never joined")), done("FAIL", ag("FAIL", 2, "never joined")),
+             RunOutcome("refused", message="ABORTED: busy")]
+    assert not judge_inter(never).blamed  # it never ran: its daemon said no
     j = judge_inter([done("PASS", ag("PASS", 1, busbw=2.0)), RunOutcome("hung")])
     assert j.columns[1] == "HUNG" and j.outcome == "FAIL" and j.busbw_gbps == {0: 2.0}
 
@@ -187,6 +190,10 @@ def test_pair_result_tells_a_data_plane_from_a_harness() -> None:
     assert p.untested and not p.bad
     assert pair_result((0, 1), (RunOutcome("hung"), done("FAIL", ag("FAIL", 0, "late")))).bad
     assert pair_result((0, 1), (RunOutcome("refused", message="busy"), done("PASS", ag("PASS", 0, busbw=1.0)))).untested
+    # A daemon that refused the run (busy, GPUs in use): its peer's "never joined" is no evidence of a bad link.
+    p = pair_result((0, 1), (done("FAIL", ag("FAIL", 1, "node rank 1 never joined")),
+                             RunOutcome("refused", message="FAILED_PRECONDITION: GPU compute processes are alive")))
+    assert p.untested and not p.bad and "GPU compute processes are alive" in p.why
 
 
 def diagnosis(*suspects: Suspect, gaps: bool = False) -> Diagnosis:
@@ -327,6 +334,33 @@ def test_ctrl_c_cancels_every_run_it_started(make_daemon: Any) -> None:
         [report] = listed(d)
         assert report.outcome == pb.OUTCOME_CANCELLED, report
     assert time.monotonic() - t0 < 5
+
+
+def test_a_daemon_stuck_mid_diagnosis_is_cancelled_at_each_deadline_and_named_by_its_peers(make_daemon: Any) -> None:
+    ds = nodes(make_daemon)
+    stuck = ds[1]
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "robustd.cli.robustctl", "fleet", "diagnose", *hosts(ds), "--json",
+                             "--tests", "all_gather", "--timeout", "60s", "--port", "29671"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            stdin=subprocess.DEVNULL)
+    try:
+        eventually(lambda: any(x.outcome == pb.OUTCOME_RUNNING for x in listed(stuck)), 30, "the all-gather running")
+        stuck.signal(signal.SIGSTOP)  # its all-gather child goes on; the daemon answers nothing any more
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stuck.signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, out + err
+    doc = json.loads(out)
+    assert [(s["host"], s["kind"]) for s in doc["suspects"]] == [(f"unix:{stuck.socket}", "host")]
+    assert "did not finish by the phase's deadline" in doc["suspects"][0]["reason"]
+    assert [(h["inter"], h["pairs"]) for h in doc["hosts"]] == [("PASS", "FAIL"), ("HUNG", "FAIL"), ("PASS", "FAIL")]
+    # the phases share the 60 s, the wait for a cancelled run's report included; the Cancels still in flight
+    # at the end get their deadline (5 s) and 5 s more, and robustctl its start-up: not the stuck daemon's time
+    assert took < 60 + 10 + 5, took
 
 
 def test_a_run_id_the_daemon_cannot_keep_is_refused(make_daemon: Any) -> None:

@@ -62,8 +62,12 @@ DEFAULT_PORT = 29500  # torch's MASTER_PORT; the collectives take DEFAULT_PORT, 
 DEFAULT_TIMEOUT = 1800.0  # the whole diagnosis
 LOCAL_WEIGHT = 2  # the local phase's share of the time left, against 1 for each collective round
 MARGIN = 10.0  # a run's own timeout ends this much (at most a fifth of its phase) before the phase's deadline
-CANCEL_GRACE = 15.0  # after Diagnostics.Cancel, how long a run's stream may take to end
+# Diagnostics.Cancel returns once the run's children are dead (the daemon kills their process group): it gets
+# the unary deadline and this much more, and the run's stream as long again to end with the CANCELLED report.
+# So a daemon that is stuck itself adds at most the unary deadline and twice this to a phase.
+CANCEL_GRACE = 5.0
 TICK = 1.0  # progress callbacks while a phase runs
+MIN_BUDGET = 5.0  # a phase (or round) with less time left is not started: runs cut short would blame hosts
 MAX_HOSTS = 4096  # the daemons' diagnostics.max_world_size default
 STATUS = {pb.RESULT_PASS: "PASS", pb.RESULT_FAIL: "FAIL", pb.RESULT_SKIPPED: "SKIPPED", pb.RESULT_ERROR: "ERROR"}
 
@@ -258,7 +262,7 @@ class _Diagnoser:
         self.d = Diagnosis(run_id, self.rows, list(self.phases.values()))
         self.suspects: dict[int, Suspect] = {}  # host index → why (host or unreachable)
         self.links: list[Suspect] = []
-        self.active: list[_Run] = []  # runs not yet finished, for a cancel
+        self.cancelling: list[threading.Thread] = []  # Diagnostics.Cancel of runs past their deadline, in flight
         self.next_port = port
         self._port = port  # the current collective's
         self.inter_errors: list[str] = []  # why the all-gather across every host told nothing, host by host
@@ -268,7 +272,7 @@ class _Diagnoser:
         try:
             remaining = self._probe()
             remaining = self._local(remaining)
-            inter_blamed = self._inter(remaining)
+            inter_blamed, remaining = self._inter(remaining)
             pair_named = self._pairs(remaining) if self.with_pairs else set()
             for i, why in inter_blamed.items():  # what pairs did not explain (or no pairs ran)
                 if i not in pair_named and i not in self.suspects:
@@ -280,9 +284,18 @@ class _Diagnoser:
         except _Cancelled:
             self.d.cancelled = True
             self.d.notes.append("cancelled: every run this diagnosis started was cancelled")
+        finally:
+            self._join_cancels()
         self.d.suspects = self._ordered_suspects()
         self.d.seconds = time.monotonic() - self.started
         return self.d
+
+    def _join_cancels(self) -> None:
+        """Every run this call started is cancelled or over before it returns: wait for the Cancels in flight
+        (each bounded by its own deadlines; they run at once)."""
+        until = time.monotonic() + 2 * self.request_timeout + 3 * CANCEL_GRACE
+        for t in self.cancelling:
+            t.join(max(0.0, until - time.monotonic()))
 
     def _ordered_suspects(self) -> list[Suspect]:
         kinds = {"host": 0, "link": 1, "unreachable": 2}
@@ -350,11 +363,13 @@ class _Diagnoser:
         return remaining
 
     # -- phase 2 ---------------------------------------------------------------------------------
-    def _inter(self, hosts: list[int]) -> dict[int, Suspect]:
+    def _inter(self, hosts: list[int]) -> tuple[dict[int, Suspect], list[int]]:
+        """The all-gather across `hosts`: whom it blames, and the hosts left for the pairs (not those whose
+        daemon refused the run or went away)."""
         if len(hosts) < 2:
             if hosts and len(self.targets) > 1:
                 self._gap(None, "fewer than two hosts remained for the collectives")
-            return {}
+            return {}, hosts
         budget = self._budget(1, self._weights_left(len(hosts), False))
         reqs = {i: self._collective(hosts, rank, "inter") for rank, i in enumerate(hosts)}
         outcomes = self._phase("inter", reqs, budget)
@@ -372,7 +387,10 @@ class _Diagnoser:
                 self._unreachable(i, runs[rank].message)
         self._finish_phase("inter", [j.outcome])
         self.inter_errors = [f"{self.targets[hosts[r]].host}: {why}" for r, why in sorted(j.errors.items())]
-        return blamed
+        for rank, i in enumerate(hosts):
+            if runs[rank].state == "refused":
+                self._gap(i, f"the daemon refused the all-gather: {runs[rank].message}")
+        return blamed, [i for rank, i in enumerate(hosts) if runs[rank].state not in ("refused", "unreachable")]
 
     def _collective(self, hosts: list[int], rank: int, what: str) -> pb.RunRequest:
         """An all_gather request for host `hosts[rank]`; the port is taken once per collective (rank 0)."""
@@ -460,8 +478,14 @@ class _Diagnoser:
         what is left and wait for its CANCELLED report (bounded). Every report id goes into its host's row."""
         start = time.monotonic()
         since = start if since is None else since
-        deadline = start + budget
-        own = max(1.0, budget - min(MARGIN, budget / 5))  # the run's own timeout: its report comes before ours
+        if budget < MIN_BUDGET:
+            self._gap(None, f"{name}: not run, {budget:.1f} s of --timeout left")
+            return {i: RunOutcome("refused", message="not run: --timeout spent") for i in reqs}
+        # Within the phase's share: the wait for the runs, then (for a run still going) CANCEL_GRACE for its
+        # CANCELLED report; each run's own timeout ends a margin before the wait, so that its report comes first.
+        grace = min(CANCEL_GRACE, budget / 4)
+        deadline = start + budget - grace
+        own = max(1.0, deadline - start - min(MARGIN, budget / 5))
         runs: dict[int, _Run] = {}
         for i, req in reqs.items():
             req.run_id = self.run_id
@@ -473,7 +497,6 @@ class _Diagnoser:
         rnd_no, rounds = rnd or (0, 0)
         if rnd is None:
             self._tell(PhaseProgress(name, "started", 0.0, total=len(runs)))
-        self.active = list(runs.values())
         try:
             for r in runs.values():
                 r.start()
@@ -481,10 +504,7 @@ class _Diagnoser:
             while not all(r.done.is_set() for r in runs.values()):
                 now = time.monotonic()
                 if now >= deadline:
-                    late = [r for r in runs.values() if not r.done.is_set()]
-                    for r in late:
-                        r.hung = True
-                    self._cancel_all(late)
+                    self._cancel_late([r for r in runs.values() if not r.done.is_set()], grace)
                     break
                 if self.cancel_event is not None and self.cancel_event.is_set():
                     raise _Cancelled
@@ -501,14 +521,26 @@ class _Diagnoser:
             self.phases[name].outcome = "CANCELLED"
             self.phases[name].seconds = time.monotonic() - since
             raise
-        finally:
-            self.active = []
         for i, r in runs.items():
             if r.report is not None and r.report.id and r.report.id not in self.rows[i].reports:
                 self.rows[i].reports.append(r.report.id)
         if rnd is None:
             self.phases[name].seconds = time.monotonic() - start
         return {i: r.outcome() for i, r in runs.items()}
+
+    def _cancel_late(self, late: list[_Run], grace: float) -> None:
+        """Runs past the phase's deadline: Diagnostics.Cancel each (on threads: a stuck daemon must not eat the
+        next phase's time), wait `grace` for their CANCELLED reports, then stop reading the rest."""
+        for r in late:
+            r.hung = True
+            t = threading.Thread(target=r.cancel, args=(self.request_timeout, self.run_id), daemon=True,
+                                 name="fleet-diagnose-cancel")
+            t.start()
+            self.cancelling.append(t)
+        until = time.monotonic() + grace
+        for r in late:
+            if not r.done.wait(max(0.0, until - time.monotonic())):
+                r.end_stream()
 
     def _cancel_all(self, runs: list[_Run]) -> None:
         if not runs:

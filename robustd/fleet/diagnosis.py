@@ -258,8 +258,11 @@ def judge_inter(runs: Sequence[RunOutcome | None]) -> InterJudgement:
             if x.status == "PASS" and x.busbw_gbps is not None:
                 out.busbw_gbps[r] = x.busbw_gbps
     answered = [r for r, run in enumerate(runs) if run is not None and run.state == "done"]
+    never_ran = {r for r, run in enumerate(runs) if run is None or run.state in ("refused", "unreachable")}
     if m >= 3:
         for k, by in sorted(said.items()):
+            if k in never_ran:
+                continue  # "never joined": its daemon refused the run or went away, no evidence of its hardware
             others = [r for r in answered if r != k]
             if others and len(by) * 2 > len(others):
                 first = by[min(by)]
@@ -275,25 +278,26 @@ def pair_result(pair: tuple[int, int], runs: tuple[RunOutcome | None, RunOutcome
                 names: Mapping[int, str] | None = None) -> PairResult:
     """What one pair's all-gather showed (`runs`: the two hosts' runs, the rendezvous master's first).
 
-    Bad: a FAIL on either side, a rendezvous neither could complete, a run that hung. Untested: a daemon
-    that refused or went away, the harness that could not run (no evidence about the link or either host).
+    Bad: a FAIL on either side, a rendezvous that could not complete, a run that hung. Untested: a daemon
+    that refused or went away (whatever the other side saw of it), the harness that could not run: no
+    evidence about the link or either host.
     """
     def name(h: int) -> str:
         return names.get(h, f"host {h}") if names is not None else f"host {h}"
 
+    never_ran = [f"{name(h)}: {run.message or run.state}" if run is not None else f"{name(h)}: not started"
+                 for h, run in zip(pair, runs, strict=True) if run is None or run.state not in ("done", "hung")]
+    if never_ran:  # what the other saw (never joined) is explained: a refusal is no evidence about the link
+        return PairResult(pair, untested=True, why="; ".join(never_ran))
     bad: list[str] = []
     untested: list[str] = []
     busbw: list[float] = []
     for host, run in zip(pair, runs, strict=True):
         who = name(host)
         if run is None:
-            untested.append(f"{who}: not started")
-            continue
+            continue  # (never_ran above)
         if run.state == "hung":
             bad.append(f"{who} did not finish by the phase's deadline (cancelled)")
-            continue
-        if run.state != "done":
-            untested.append(f"{who}: {run.message or run.state}")
             continue
         ag = [x for x in run.results if x.test == COLLECTIVE]
         fails = [x.message for x in ag if x.status == "FAIL"]
