@@ -212,6 +212,11 @@ CASES = [
     Case("mlx5_cable_unplugged_with_func_prefix",
          "mlx5_core {bdf}: port_module:254:(pid 0): Port module event: module 0, Cable unplugged",
          "MLX5_CABLE_UNPLUGGED", "nic/{bdf}", W, Action.HW_INSPECT),
+    # Issue 28: printed after the back-to-back GSP RPC timeouts that mark the GPU for reset
+    # (open-gpu-kernel-modules issue #446).
+    Case("gsp_rpc_timeouts_gpu_marked_for_reset",
+         "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:{bus} (printing 1 of every 30).  The GPU likely "
+         "needs to be reset.", "GSP_GPU_RESET_REQUIRED", "gpu/{bdf}", C, Action.RESET_GPU),
     Case("aer_device_recovery_failed", "pcieport {bdf}: AER: device recovery failed",
          "PCIE_AER_RECOVERY_FAILED", "pcie/{bdf}", C, Action.REBOOT),
     Case("gpu_config_space_inaccessible",
@@ -251,6 +256,23 @@ def test_probe_failed_and_legacy_init_failure_are_host_faults(rules: RuleSet) ->
     assert verdict_of(rules, "NVRM: RmInitAdapter failed! (0x26:0xffff:1123)") == \
         ("GPU_INIT_FAILED", "host", C, Action.REBOOT)
     assert rules.codes["GPU_INIT_FAILED"].sticky and rules.codes["GPU_PROBE_FAILED"].sticky
+
+
+def test_gsp_and_uvm_faults_without_a_gpu_address_are_host_faults(rules: RuleSet) -> None:
+    """Issue 28: GSP RPC / heartbeat timeouts and UVM global fatal errors printed without an Xid (real lines:
+    open-gpu-kernel-modules #446/#942, bazzite #4449, public UVM write-ups). One timeout stays WARNING (the
+    driver marks the GPU only after back-to-back timeouts); the back-to-back mark is CRITICAL; a UVM global
+    fatal error needs an OS reboot. Unit-tested only: the lines name no PCI address, so the component is host."""
+    assert verdict_of(rules, "NVRM: nvAssertFailedNoLog: Assertion failed: Back to back GSP RPC timeout detected! "
+                             "GPU marked for reset @ kernel_gsp.c:2387") == \
+        ("GSP_GPU_RESET_REQUIRED", "host", C, Action.RESET_GPU)
+    assert verdict_of(rules, "NVRM: _issueRpcAndWait: rpcRecvPoll timedout for fn 76 sequence 4129!") == \
+        ("GSP_RPC_TIMEOUT", "host", W, Action.RESET_GPU)
+    assert verdict_of(rules, "NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out") == \
+        ("GSP_HEARTBEAT_TIMEOUT", "host", W, Action.RESET_GPU)
+    assert verdict_of(rules, "NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring "
+                             "os reboot to recover.") == ("UVM_GLOBAL_FATAL", "host", C, Action.REBOOT)
+    assert rules.codes["UVM_GLOBAL_FATAL"].sticky
 
 
 def test_init_and_recovery_failures_outlive_a_resolve(rules: RuleSet) -> None:
