@@ -68,7 +68,7 @@ def test_per_rank_files_without_timestamps_name_the_rank_from_the_file() -> None
 def test_watchdog_timeouts_alone_are_a_hang_on_every_rank() -> None:
     t = triage([log("out", *[WATCHDOG.format(r=r, m=10) for r in range(4)])], exit_code=1)
     j = to_json(t)
-    assert (j["class"], j["infra"], j["next"], j["level"]) == ("hang", "unknown", "diagnose", "all_to_all,all_gather")
+    assert (j["class"], j["infra"], j["next"], j["level"]) == ("hang", "likely", "diagnose", "all_to_all,all_gather")
     assert j["ranks"] == [0, 1, 2, 3]
 
 

@@ -28,6 +28,12 @@ SAME_TIME = 2.0  # seconds: loggers buffer and round; closer than this is "at th
 MAX_RANKS = 4096
 _STOPPED = {"SIGTERM", "SIGINT", "SIGHUP"}  # sent by an operator or the scheduler (scancel, time limit)
 _TIERS = ("cause", "symptom", "context")
+# A SIGKILL that no line explains is taken for the OOM killer's: the kernel's and the container runtime's
+# (Kubernetes OOMKilled, exit 137) print nothing in the job's own log, while the others who stop a job
+# (scancel, a time limit, preemption, a pod's eviction) send SIGTERM first or print a banner, and a
+# launcher that kills its children says so. Not proven, so infra unknown.
+_BARE_SIGKILL = ("killed with no line saying why, most often by the host's or the container's OOM killer (its "
+                 "own line is in the kernel log or the pod's status, OOMKilled, not in the job's log); infra unknown")
 
 
 def triage(logs: Sequence[LogText], exit_code: int | None = None, signal: str | None = None,
@@ -122,11 +128,29 @@ def _answer(root: Hit, tiered: list[Hit], hits: list[Hit], partial: tuple[str, .
     if later:
         classes = ", ".join(sorted({h.klass for h in later}))
         reason += f"; {len(later)} other failure line{'s' if len(later) != 1 else ''} ({classes}) judged consequences"
+    infra = root.infra
+    user = _user_side(root, hits)
+    if user is not None:
+        infra = "unknown"
+        reason += f"; infra unknown, not {root.infra}: the logs show a user-side cause too ({user.description}, " \
+                  f"{user.name}:{user.line})"
     if exit_code is not None or sig:
         reason += f"; job {_status(exit_code, sig)}"
-    return Triage(klass=root.klass, infra=root.infra, next=root.next,
+    return Triage(klass=root.klass, infra=infra, next=root.next,
                   level=root.level if root.next == "diagnose" else None, evidence=_evidence(root, same),
                   ranks=tuple(ranks), reason=reason, partial=partial)
+
+
+def _user_side(root: Hit, hits: list[Hit]) -> Hit | None:
+    """For a hang, the job's own exception anywhere in the logs: the stall may be the job's, not the machine's.
+
+    Most job hangs are infrastructure (ByteRobust's incident table: 21 of 26), so a hang is infra
+    `likely`, unless a rank raised an exception of its own (one that was not handled): a rank that
+    died of a KeyError leaves the others waiting in a collective just as a dead link does.
+    """
+    if root.klass != "hang":
+        return None
+    return next((h for h in hits if h.klass == "user_code" and h.tier != "context"), None)
 
 
 def _no_evidence(rules: RuleSet, exit_code: int | None, sig: str | None, partial: tuple[str, ...],
@@ -135,6 +159,10 @@ def _no_evidence(rules: RuleSet, exit_code: int | None, sig: str | None, partial
     if sig in _STOPPED:
         return Triage("unknown", "unlikely", "none", reason=f"{seen}; stopped by {sig} from outside "
                       "(scancel, a time limit, preemption)", partial=partial)
+    if sig == "SIGKILL":  # nothing printed: see _BARE_SIGKILL
+        spec = rules.classes["oom_host"]
+        return Triage("oom_host", "unknown", spec.next, level=spec.level if spec.next == "diagnose" else None,
+                      reason=f"{seen}; {_status(exit_code, sig)}: {_BARE_SIGKILL}", partial=partial)
     spec = rules.classes["unknown"]
     return Triage("unknown", spec.infra, spec.next, level=spec.level if spec.next == "diagnose" else None,
                   reason=f"{seen}; {_status(exit_code, sig, unknown='exit status unknown')}", partial=partial)

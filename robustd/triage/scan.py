@@ -18,6 +18,9 @@ from robustd.triage.rules import MAX_LINE, Rule, RuleSet
 
 TRACEBACK = b"Traceback (most recent call last)"
 CHAIN = (b"During handling of the above exception", b"The above exception was the direct cause")
+# torchrun's shutdown of the other workers once one failed (torch/distributed/elastic/multiprocessing/api.py,
+# 'Sending process %s closing signal %s'): what follows it is the job ending
+SHUTDOWN = b" closing signal SIG"
 MAX_LINES_PER_GATE = 2000
 MAX_TRACEBACKS = 200
 MAX_TRACEBACK_LINES = 400  # a traceback longer than this (deep recursion) is judged on what was read
@@ -256,14 +259,18 @@ class LogScan:
         return hit
 
     def _lines_after(self, ls: int, prefix: bytes) -> int:
-        """Lines printed under the same prefix after `ls` (up to the handled_after bound)."""
+        """Lines printed under the same prefix after `ls` and before the launcher began shutting the job
+        down (up to the handled_after bound): the other ranks' output while torchrun SIGTERMs them is the
+        end of the job, not the job carrying on after a handled exception."""
         limit = self.rules.handled_after
+        end = self.data.find(SHUTDOWN, ls)
+        end = len(self.data) if end == -1 else end
         if not prefix:
-            return min(limit, self.data.count(b"\n", ls) - self.data.count(b" NCCL INFO ", ls))
+            return min(limit, self.data.count(b"\n", ls, end) - self.data.count(b" NCCL INFO ", ls, end))
         n, pos = 0, self.line_end(ls) + 1
         needle = b"\n" + prefix
         while n < limit:
-            pos = self.data.find(needle, pos)
+            pos = self.data.find(needle, pos, end)
             if pos == -1:
                 break
             n += 1
