@@ -33,22 +33,22 @@ def test_an_apex_loss_scale_that_collapsed_below_one_is_nan() -> None:
 
 
 def test_deepspeed_at_its_minimum_loss_scale_is_nan() -> None:
-    # DeepSpeed's loss_scaler.py at min_loss_scale 1 (the state before ymcui/Chinese-LLaMA-Alpaca#534's exit), every step
-    t = judge("[2024-05-01 12:00:00,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "
+    # DeepSpeed's loss_scaler.py at min_loss_scale 1 (the state before ymcui/Chinese-LLaMA-Alpaca#534's exit), every step  # noqa: E501 - a real log line, kept whole
+    t = judge("[2024-05-01 12:00:00,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "  # noqa: E501 - a real log line, kept whole
               "step. Attempted loss scale: 1, reducing to 1",
-              "[2024-05-01 12:00:01,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "
+              "[2024-05-01 12:00:01,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping "  # noqa: E501 - a real log line, kept whole
               "step. Attempted loss scale: 1, reducing to 1")
     assert t.klass == "nan", to_json(t)
 
 
 def test_nvlink5_xids_echoed_by_the_job_are_gpu_hw() -> None:
     # https://github.com/NVIDIA/open-gpu-kernel-modules/issues/1150: the Xid 45s that name an earlier NVLink5 Xid
-    t = judge("kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
-              "kernel: NVRM: Xid (PCI:0000:ed:00): 45, pid=1818992, name=python3, Ch 0000000c caused by previous Xid 145",
+    t = judge("kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",  # noqa: E501 - a real log line, kept whole
+              "kernel: NVRM: Xid (PCI:0000:ed:00): 45, pid=1818992, name=python3, Ch 0000000c caused by previous Xid 145",  # noqa: E501 - a real log line, kept whole
               "[rank0]: RuntimeError: NCCL communicator was aborted on rank 0.")
     assert (t.klass, t.infra) == ("gpu_hw", "likely"), to_json(t)
     # https://github.com/leptonai/gpud/pull/1160: the Xid as a health agent echoes it into the job's output
-    assert judge("XID 149.38 (err status 0x00000000) NVLINK_NETIR_ERROR detected on GPU PCI:0000:00:00").klass == "gpu_hw"
+    assert judge("XID 149.38 (err status 0x00000000) NVLINK_NETIR_ERROR detected on GPU PCI:0000:00:00").klass == "gpu_hw"  # noqa: E501 - a real log line, kept whole
 
 
 def test_a_contained_nvlink_hardware_error_is_gpu_hw() -> None:
@@ -59,7 +59,7 @@ def test_a_contained_nvlink_hardware_error_is_gpu_hw() -> None:
 
 
 def test_nvls_invalid_argument_is_nccl_not_a_cuda_fault() -> None:
-    # https://github.com/vllm-project/vllm/issues/6732: every rank's NVLS setup fails, then PyTorch's "unhandled cuda error"
+    # https://github.com/vllm-project/vllm/issues/6732: every rank's NVLS setup fails, then PyTorch's "unhandled cuda error"  # noqa: E501 - a real log line, kept whole
     host = "h100-kickoff-llama-70b-chat-20230328-bcf75c4f6-gn6nd"
     t = judge(f"{host}:843:843 [5] transport/nvls.cc:157 NCCL WARN Cuda failure 1 'invalid argument'",
               f"{host}:774:774 [0] NCCL INFO transport/nvls.cc:328 -> 1",
@@ -72,7 +72,7 @@ def test_nvls_invalid_argument_is_nccl_not_a_cuda_fault() -> None:
 def test_a_rendezvous_connect_timeout_is_the_launcher_with_infra_possible() -> None:
     # https://github.com/intel/torch-xpu-ops/issues/2119 (torch 2.x) and pytorch/pytorch#67547 (torch 1.10)
     new = ["Traceback (most recent call last):",
-           '  File "/usr/lib/python3.10/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", '
+           '  File "/usr/lib/python3.10/site-packages/torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py", '  # noqa: E501 - a real log line, kept whole
            "line 156, in _create_tcp_store", "    store = TCPStore(",
            "torch.distributed.DistNetworkError: The client socket has timed out after 10000ms while trying to connect "
            "to (localhost, 44557).", "",
@@ -106,13 +106,13 @@ def test_a_hang_is_infra_likely_unless_the_jobs_code_raised() -> None:
 def test_a_dataloader_file_not_found_before_torchruns_sigterms_is_the_root() -> None:
     # https://github.com/mila-iqia/milabench/pull/367: rank 0's DataLoader worker fails, torchrun SIGTERMs the others,
     # who print far more than the "handled exception" bound before the job ends
-    lines = ["Traceback (most recent call last):", '  File "/milabench/benchmarks/torchvision/main.py", line 210, in <module>',
+    lines = ["Traceback (most recent call last):", '  File "/milabench/benchmarks/torchvision/main.py", line 210, in <module>',  # noqa: E501 - a real log line, kept whole
              "    for inp, target in loader:",
              "FileNotFoundError: Caught FileNotFoundError in DataLoader worker process 2.",
              "Original Traceback (most recent call last):",
-             '  File "/milabench/envs/venv/torch/lib/python3.12/site-packages/torch/utils/data/_utils/worker.py", line 349, '
+             '  File "/milabench/envs/venv/torch/lib/python3.12/site-packages/torch/utils/data/_utils/worker.py", line 349, '  # noqa: E501 - a real log line, kept whole
              "in _worker_loop", "    data = fetcher.fetch(index)  # type: ignore[possibly-undefined]",
-             "FileNotFoundError: [Errno 2] No such file or directory: '/data/imagenet/train/n01440764/n01440764_10026.JPEG'"]
+             "FileNotFoundError: [Errno 2] No such file or directory: '/data/imagenet/train/n01440764/n01440764_10026.JPEG'"]  # noqa: E501 - a real log line, kept whole
     lines += [f"W0909 21:54:55.983000 41207 torch/distributed/elastic/multiprocessing/api.py:900] Sending process {p} "
               "closing signal SIGTERM" for p in range(41240, 41247)]
     lines += [f"rank {r % 7 + 1}: shutting down, step {r}" for r in range(300)]
