@@ -332,6 +332,8 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
     if len(results) == L:
         mean = dict(results[0])
         mean["duration_s"] = sum(x["duration_s"] for x in results) / L
+        if all("median_iteration_s" in x for x in results):
+            mean["median_iteration_s"] = sum(x["median_iteration_s"] for x in results) / L
         figs = ln.figures(mean, rdv.world)
     floor = float(ln.spec.get("min_busbw_gbps") or 0.0)
     if figs and floor > 0 and figs["busbw_gbps"] < floor:

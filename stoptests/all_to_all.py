@@ -140,6 +140,8 @@ def judge_all_to_all(ln: Launcher, how: str) -> list[Any]:
     if len(results) == n:
         mean = dict(results[0])
         mean["duration_s"] = sum(x["duration_s"] for x in results) / n
+        if all("median_iteration_s" in x for x in results):
+            mean["median_iteration_s"] = sum(x["median_iteration_s"] for x in results) / n
         agg = ln.figures(mean, n)
         if floor > 0 and agg["busbw_gbps"] < floor and not suspects:
             # Ranks below the floor while others are above it are the slow ones; every rank below it

@@ -302,8 +302,11 @@ class Launcher:
         return {g for g, p in positions.items() if p == low}, top
 
     def figures(self, result: dict[str, Any], n: int) -> dict[str, Any]:
-        dur = max(result["duration_s"], 1e-9)
-        algbw = result["bytes"] * result["iterations"] / dur / 1e9
+        """nccl-tests' figures from a rank's timed loop: from its median iteration where it has one (CPU
+        ranks, collective_worker.py), else from the whole loop."""
+        per = result.get("median_iteration_s")
+        dur = max(float(per) if per else result["duration_s"] / max(1, result["iterations"]), 1e-9)
+        algbw = result["bytes"] / dur / 1e9
         busbw = algbw * (n - 1) / n if n > 1 else algbw
         return {"busbw_gbps": round(busbw, 4), "algbw_gbps": round(algbw, 4),
                 "duration_s": round(result["duration_s"], 4), "bytes": int(result["bytes"])}

@@ -7,9 +7,12 @@ a hosts-file line is `unix:SOCKET ADDR`: robustctl talks to each daemon through 
 where the other hosts reach it for the collectives.
 
 Sizes (measured on the 2-core CI machine): an all_gather of 0.1 MB per rank and iteration between two
-healthy hosts runs at 0.03-0.5 GB/s bus bandwidth (the pairs of one round compete for the two cores),
-between a host behind the 8 mbit token bucket and a healthy one at 0.0006-0.0007 GB/s, 40 times below the
-slowest healthy pair seen; a slow pair costs ~3 s, the all-host collective with a slow host ~10 s.
+healthy hosts ran at 0.03-0.5 GB/s bus bandwidth timed over the whole loop (the pairs of one round compete
+for the two cores), between a host behind the 8 mbit token bucket and a healthy one at 0.0006-0.0007 GB/s;
+a slow pair costs ~3 s, the all-host collective with a slow host ~10 s. The diagnosis runs with the
+default --slow-fraction (0.5), as an operator's does: CPU ranks' bandwidth comes from their median
+iteration (stoptests/collective_worker.py), and a pair slow in its round is re-tested alone before it is
+judged (robustd/fleet/rings.py).
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ from netns_fabric import Fabric
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.fleet.rings import MAX_RETESTS
 
 SIZE_MB = 0.1  # all_to_all and all_gather payload per rank and iteration (diagnostics.collectives.size_mb)
 COLLECTIVE_TIMEOUT = "20s"  # a hung or unreachable peer costs this much per collective
-# The pairs of a round compete for the two cores: healthy pairs measured at 0.1-1 of the reference (the
-# median of each host's best pair), 8 mbit ones at 0.005 of it. With the default 0.5, bench/fleet_diagnose.py
-# named a healthy link in 3 of 3 runs of 4 healthy hosts, and of 6.
-SLOW_FRACTION = "0.05"
+# Where a host's link is down, every collective with it waits this long for a peer that never comes; the
+# healthy ones take 1-3 s, so 10 s still tells late from never.
+DOWN_TIMEOUT = "10s"
 TESTS = "all_to_all,all_gather"  # the local phase: all_to_all; then inter and pairs (all_gather)
 
 
@@ -60,7 +63,7 @@ class Cluster:
 
     def command(self, *extra: str) -> list[str]:
         return [sys.executable, "-m", "robustd.cli.robustctl", "fleet", "diagnose", "--hosts-file",
-                str(self.hosts_file), "--tests", TESTS, "--slow-fraction", SLOW_FRACTION, "--timeout", "4m",
+                str(self.hosts_file), "--tests", TESTS, "--timeout", "4m",
                 "--json", *extra]
 
     def reports(self, i: int) -> list[pb.DiagnosticReport]:
@@ -83,14 +86,14 @@ def cluster(make_daemon: Any, short_tmp: Path) -> Iterator[Any]:
     need_root("network namespaces and tc qdiscs")
     made: list[tuple[Fabric, list[Daemon]]] = []
 
-    def factory(n: int) -> Cluster:
+    def factory(n: int, collective_timeout: str = COLLECTIVE_TIMEOUT) -> Cluster:
         fabric = Fabric(n, prefix="rdfd")
         nodes: list[Daemon] = []
         made.append((fabric, nodes))
         for i in range(n):
             d = make_daemon({"node_name": f"node-{i}", "checks": {"kernel": {"enabled": False}},
                              "diagnostics": {"test_faults": True,
-                                             "collectives": {"timeout": COLLECTIVE_TIMEOUT, "size_mb": SIZE_MB,
+                                             "collectives": {"timeout": collective_timeout, "size_mb": SIZE_MB,
                                                              "cpu_ranks": 2}}}, name=f"n{i}-")
             d.wrap = fabric.netns_exec(i)
             nodes.append(d)
@@ -143,9 +146,11 @@ def test_four_healthy_hosts_pass_and_every_report_stays_on_its_daemon(cluster: A
                                                                                    doc["phases"]) * 0.99
     for i, h in enumerate(c.hosts):
         listed = {r.id: r for r in c.reports(i)}
-        # local (all_to_all), inter and its two pairs along the ring: every one kept in the daemon's diag list
-        assert set(rows[h]["reports"]) <= set(listed) and len(rows[h]["reports"]) == 4, (rows[h], list(listed))
-        assert [list(listed[x].tests) for x in rows[h]["reports"]].count(["all_gather"]) == 3
+        # local (all_to_all), inter and its two pairs along the ring (and a re-test of a pair that measured
+        # slow in its round, if one did): every one kept in the daemon's diag list
+        assert set(rows[h]["reports"]) <= set(listed), (rows[h], list(listed))
+        tests = [list(listed[x].tests) for x in rows[h]["reports"]]
+        assert tests.count(["all_to_all"]) == 1 and 3 <= tests.count(["all_gather"]) <= 5, tests
         assert all(listed[x].outcome == pb.OUTCOME_PASS for x in rows[h]["reports"])
         assert {listed[x].run_id for x in rows[h]["reports"]} == {doc["run_id"]}  # tagged with the run id
 
@@ -165,7 +170,7 @@ def test_a_rate_limited_host_is_the_only_suspect(cluster: Any) -> None:
 
 
 def test_a_host_whose_link_is_down_is_the_suspect_while_its_daemon_answers(cluster: Any) -> None:
-    c = cluster(4)
+    c = cluster(4, DOWN_TIMEOUT)
     c.fabric.link_down(1)
     assert c.nodes[1].verdict() is not None  # the daemon still answers on its socket
     rc, doc, err = c.diagnose()
@@ -196,7 +201,8 @@ def test_a_killed_daemon_is_unreachable_and_the_other_three_are_diagnosed(cluste
         row = rows[c.hosts[i]]
         assert (row["local"], row["inter"], row["pairs"]) == ("PASS", "PASS", "PASS"), c.explain(doc, err)
         assert row["reports"] and all(r.outcome == pb.OUTCOME_PASS for r in c.gathers(i))
-        assert len(c.gathers(i)) == 3  # inter, then a ring of three: each host in two pairs
+        # inter, then a ring of three: each host in two pairs (and in the re-test of a pair slow in its round)
+        assert 3 <= len(c.gathers(i)) <= 3 + MAX_RETESTS
 
 
 def test_a_host_that_corrupts_its_payload_is_named(cluster: Any) -> None:
@@ -219,17 +225,22 @@ def test_five_hosts_an_odd_ring_in_three_rounds_find_the_slow_host(cluster: Any)
     # the ring 0-1-2-3-4-0: five pairs, each host in two; an odd ring needs three rounds to pair everyone
     for i in range(5):
         runs = c.gathers(i)
-        assert len(runs) == 3, [(r.id, list(r.tests)) for r in runs]
+        assert 3 <= len(runs) <= 3 + MAX_RETESTS, [(r.id, list(r.tests)) for r in runs]
         assert set(host_rows(doc)[c.hosts[i]]["reports"]) >= {r.id for r in runs}
+    # node-3's two pairs were slow in their rounds, so each was re-tested alone before it was blamed
+    assert len(c.gathers(3)) == 5 and "re-tested alone" in doc["suspects"][0]["reason"], c.explain(doc, err)
 
 
 def test_two_hosts_a_bad_pair_is_a_link_naming_both(cluster: Any) -> None:
-    c = cluster(2)
+    c = cluster(2, DOWN_TIMEOUT)
     c.fabric.link_down(1)  # nothing can tell which end of the only pair is at fault
     rc, doc, err = c.diagnose()
     assert rc == 1 and doc["outcome"] == "FAIL", c.explain(doc, err)
     assert [s["kind"] for s in doc["suspects"]] == ["link"], c.explain(doc, err)
     assert link_ends(doc["suspects"][0]) == set(c.hosts)
+    # the all-gather across the two was their one pair: run once, judged as the pair
+    assert all(h["pairs"] == "FAIL" for h in doc["hosts"]), c.explain(doc, err)
+    assert [len(c.gathers(i)) for i in (0, 1)] == [1, 1], c.explain(doc, err)
 
 
 def test_sigint_during_the_pairs_cancels_every_daemons_run(cluster: Any) -> None:

@@ -2,7 +2,8 @@
 with a progress line per phase on stderr and a table, or one JSON object, on stdout.
 
 Exit codes: 0 PASS, 1 suspects named (a host or a link), 3 no suspect but hosts that did not answer,
-4 the diagnosis could not run (in full), 64 usage; Ctrl-C cancels every run it started and exits 130.
+4 the diagnosis could not run (in full), 64 usage. Ctrl-C cancels every run it started and exits 130;
+SIGTERM (a scheduler's time limit) does the same and exits 143.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import time
 from typing import Any
 
-from robustd.cli import output, remote, render
+from robustd.cli import output, remote, render, signals
 from robustd.cli.args import positive_duration, whole_number
 from robustd.cli.diag import test_list
 from robustd.durations import format_duration
@@ -94,14 +96,18 @@ def run(args: argparse.Namespace) -> int:
     if unknown := sorted(set(faults) - {t.host for t in targets}):
         raise ValueError(f"--test-faults names {unknown[0]}, which is not one of the hosts")
     live = Live(sys.stderr.isatty())
+    signal.signal(signal.SIGTERM, signals.stop)  # robustctl's main() puts the previous handler back
     try:
         d = diagnose(targets, level=args.level, tests=args.tests, port=args.port, timeout=args.diagnose_timeout,
                      slow_fraction=args.slow_fraction, pairs=not args.no_pairs, request_timeout=args.timeout,
                      tls=remote.tls_of(args), progress=live.show, test_faults=faults)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, signals.Terminated) as e:
         live.end()
-        output.err("robustctl: fleet diagnose cancelled: every run it started was cancelled")
-        raise
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+        output.err(f"robustctl: fleet diagnose {why}: every run it started was cancelled")
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return signals.EXIT_TERMINATED
     live.end()
     if args.json:
         output.out(json.dumps(d.to_json(), indent=2), exact=True)

@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
 from typing import IO, Any, NoReturn
 
 import grpc
@@ -28,6 +27,7 @@ from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import completion, output, render
 from robustd.cli.args import duration, examples, positive, verbs, whole_number
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
+from robustd.cli.signals import Terminated, stop
 from robustd.roots import DEFAULT_SOCKET
 
 _SEVERITY_EXIT = {pb.SEVERITY_WARNING: 1, pb.SEVERITY_CRITICAL: 2}
@@ -46,17 +46,6 @@ class _Parser(argparse.ArgumentParser):
         """Help and usage text too must not fail on a closed pipe (`robustctl --help | head -1`)."""
         if message:
             output.write(message, file or sys.stderr)
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived: like KeyboardInterrupt, not an Exception, so no `except Exception` swallows it."""
-
-
-def _stop(signum: int, frame: FrameType | None) -> None:
-    """SIGINT or SIGTERM: unwind the verb. A second signal is ignored so that it cannot break the cleanup."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
 
 _timeout = positive("timeout")
@@ -224,7 +213,7 @@ def cmd_ack(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_watch(client: Client, args: argparse.Namespace) -> int:
     """Print events until Ctrl-C, SIGTERM or the reader going away, each a normal end (exit 0)."""
-    signal.signal(signal.SIGTERM, _stop)  # main() puts the previous handler back
+    signal.signal(signal.SIGTERM, stop)  # main() puts the previous handler back
     try:
         return _watch(client, args)
     except (KeyboardInterrupt, Terminated):
@@ -357,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ignored; an operator's Ctrl-C (or a test's SIGINT) must still stop `watch`.
     """
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         return _main(argv)
     except KeyboardInterrupt:

@@ -12,10 +12,12 @@ authorization applies), every one tagged with the diagnosis's run id (`RunReques
 2. inter — one all_gather across every remaining host, on a rendezvous built here (master: the first
    host's address, a free port from `port`, a run id);
 3. pairs — all_gather in pairs along a ring, at most three rounds whatever the number of hosts
-   (robustd/fleet/rings.py), to tell a slow or broken machine from a bad link.
-So a diagnosis costs one local round and at most 1 + 3 collectives. Each phase has a deadline, a share
-of `timeout`; a run still going at its deadline is cancelled (`Diagnostics.Cancel`) and judged by what
-the others saw. A KeyboardInterrupt (or `cancel` set) cancels every run this call started.
+   (robustd/fleet/rings.py), to tell a slow or broken machine from a bad link; a pair that measured slow
+   in its round is re-tested alone before it is judged. Two hosts' one pair is the inter all-gather.
+So a diagnosis costs one local round and at most 1 + 3 collectives, plus one per slow pair re-tested (at
+most rings.MAX_RETESTS). Each phase has a deadline, a share of `timeout`; a run still going at its
+deadline is cancelled (`Diagnostics.Cancel`) and judged by what the others saw. A KeyboardInterrupt (or
+`cancel` set) cancels every run this call started.
 
 The daemons are dialled as robustctl dials them (robustd/cli/remote.py), so this module sits with the
 clients in tests/test_layout.py; what it decides is in the pure robustd/fleet/diagnosis.py and rings.py.
@@ -266,6 +268,7 @@ class _Diagnoser:
         self.next_port = port
         self._port = port  # the current collective's
         self.inter_errors: list[str] = []  # why the all-gather across every host told nothing, host by host
+        self.inter_runs: dict[int, RunOutcome] | None = None  # host index → its run in it, in rank order
 
     # -- the whole diagnosis ---------------------------------------------------------------------
     def run(self) -> Diagnosis:
@@ -333,7 +336,9 @@ class _Diagnoser:
                 setattr(self.rows[i], col, "UNREACHABLE")
 
     def _weights_left(self, hosts: int, local: bool) -> int:
-        collectives = (1 + (len(rings.ring_rounds(hosts)) if self.with_pairs else 0)) if hosts >= 2 else 0
+        # the inter all-gather, each round of pairs, and one share for the re-tests of slow pairs
+        pairs = len(rings.ring_rounds(hosts)) + 1 if self.with_pairs and hosts >= 3 else 0  # two: inter is the pair
+        collectives = 1 + pairs if hosts >= 2 else 0
         return (LOCAL_WEIGHT if local else 0) + collectives
 
     def _budget(self, weight: int, weights_left: int) -> float:
@@ -373,6 +378,7 @@ class _Diagnoser:
         budget = self._budget(1, self._weights_left(len(hosts), False))
         reqs = {i: self._collective(hosts, rank, "inter") for rank, i in enumerate(hosts)}
         outcomes = self._phase("inter", reqs, budget)
+        self.inter_runs = {i: outcomes[i] for i in hosts}
         runs = [outcomes[i] for i in hosts]
         j = judge_inter(runs)
         blamed = {}
@@ -419,27 +425,33 @@ class _Diagnoser:
         rounds = rings.ring_rounds(len(hosts))
         results: list[rings.PairResult] = []
         start = time.monotonic()
+        if self.inter_runs is not None and list(self.inter_runs) == hosts and len(hosts) == 2:
+            # Two hosts: the all-gather across both was their one pair; running it again would tell nothing new.
+            rounds = []
+            a, b = hosts
+            results.append(pair_result((0, 1), (self.inter_runs[a], self.inter_runs[b]),
+                                       {0: self.targets[a].host, 1: self.targets[b].host}))
         self._tell(PhaseProgress("pairs", "started", 0.0, rounds=len(rounds)))
+        reserve = 1 if len(hosts) >= 3 else 0  # a share of the phase stays for re-testing slow pairs
         for n, round_pairs in enumerate(rounds, 1):
-            budget = self._budget(1, len(rounds) - n + 1)
-            reqs: dict[int, pb.RunRequest] = {}
-            for k, (a, b) in enumerate(round_pairs):
-                for rank, pos in enumerate((a, b)):
-                    reqs[hosts[pos]] = self._collective([hosts[a], hosts[b]], rank, f"pairs-{n}-{k}")
-            outcomes = self._phase("pairs", reqs, budget, (n, len(rounds)), start)
-            for a, b in round_pairs:
-                results.append(pair_result((a, b), (outcomes[hosts[a]], outcomes[hosts[b]]),
-                                           {p: self.targets[hosts[p]].host for p in (a, b)}))
-                for pos in (a, b):
-                    if outcomes[hosts[pos]].state == "unreachable":
-                        self._unreachable(hosts[pos], outcomes[hosts[pos]].message)
+            results += self._pair_round(hosts, round_pairs, self._budget(1, len(rounds) - n + 1 + reserve),
+                                        (n, len(rounds)), start, f"pairs-{n}")
+        # A pair slow in its round is re-tested alone, one at a time: the pairs of a round share the switch
+        # (and here the CPUs); a slow machine or link stays slow alone (rings.py).
+        retest = rings.slow_pairs(len(hosts), results, self.slow_fraction)
+        total = len(rounds) + len(retest)
+        alone: dict[rings.Pair, rings.PairResult] = {}
+        for k, pair in enumerate(retest):
+            again = self._pair_round(hosts, [pair], self._budget(1, len(retest) - k),
+                                     (len(rounds) + k + 1, total), start, f"alone-{k}")
+            alone[pair] = again[0]
         names = {p: self.targets[i].host for p, i in enumerate(hosts)}
-        j = rings.judge_pairs(len(hosts), results, self.slow_fraction, names)
+        j = rings.judge_pairs(len(hosts), results, self.slow_fraction, names, alone)
         by_pos: dict[int, list[rings.Pair]] = {}
         for r in results:
             for p in r.pair:
                 by_pos.setdefault(p, []).append(r.pair)
-        measured = {r.pair: r.busbw_gbps for r in results if r.busbw_gbps is not None}
+        measured = j.busbw_gbps
         for p, mine in by_pos.items():
             verdicts = {j.verdicts[q] for q in mine}
             row = self.rows[hosts[p]]
@@ -470,6 +482,23 @@ class _Diagnoser:
         self._tell(PhaseProgress("pairs", "finished", self.phases["pairs"].seconds, rounds=len(rounds),
                                  round=len(rounds), outcome=outcome))
         return named
+
+    def _pair_round(self, hosts: list[int], pairs: Sequence[rings.Pair], budget: float, rnd: tuple[int, int],
+                    since: float, tag: str) -> list[rings.PairResult]:
+        """The all-gathers of `pairs` (positions in `hosts`) at once, under one deadline; what each showed."""
+        reqs: dict[int, pb.RunRequest] = {}
+        for k, (a, b) in enumerate(pairs):
+            for rank, pos in enumerate((a, b)):
+                reqs[hosts[pos]] = self._collective([hosts[a], hosts[b]], rank, f"{tag}-{k}")
+        outcomes = self._phase("pairs", reqs, budget, rnd, since)
+        out = []
+        for a, b in pairs:
+            out.append(pair_result((a, b), (outcomes[hosts[a]], outcomes[hosts[b]]),
+                                   {p: self.targets[hosts[p]].host for p in (a, b)}))
+            for pos in (a, b):
+                if outcomes[hosts[pos]].state == "unreachable":
+                    self._unreachable(hosts[pos], outcomes[hosts[pos]].message)
+        return out
 
     # -- running a set of runs under one deadline ------------------------------------------------
     def _phase(self, name: str, reqs: dict[int, pb.RunRequest], budget: float,
