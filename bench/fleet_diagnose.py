@@ -14,8 +14,9 @@ host found <= 120 s.
 
 `--slow-fraction` defaults to the CLI's 0.5. On two cores the pairs of one round compete for the CPU; the
 collectives' bandwidth comes from their median iteration on CPU ranks, and a pair slow in its round is
-re-tested alone before it is judged (robustd/fleet/rings.py), so healthy pairs are not named while the
-8 mbit ones, at about 0.005 of the reference, are.
+re-tested alone before it is judged (robustd/fleet/rings.py). Healthy pairs here still measure up to 2.05
+times apart (the cores set their speed, not the links), so at 0.5 a run can name a healthy link: the
+`right` column counts it. The 8 mbit pairs sit at about 0.005 of the reference.
 """
 
 from __future__ import annotations

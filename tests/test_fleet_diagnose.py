@@ -259,6 +259,11 @@ def test_outcome_and_exit_code() -> None:
 # ---- real daemons -----------------------------------------------------------------------------------
 
 CORRUPT = '{"all_gather": {"corrupt_node": true}}'
+# Healthy pairs of daemons on this 2-core machine measure up to 2.05 times apart even alone and timed by
+# their median iteration (0.18 against 0.37 GB/s, the same pair twice): the CPU, not a link, sets their
+# speed. The default 0.5 is for a fabric, whose healthy pairs measure within a few percent; 0.25 keeps
+# twice this machine's spread as margin.
+SLOW_FRACTION = "0.25"
 
 
 def ctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -289,7 +294,8 @@ def listed(d: Daemon) -> list[pb.DiagnosticReport]:
 
 def test_healthy_hosts_pass_and_every_report_carries_the_run_id(make_daemon: Any) -> None:
     ds = nodes(make_daemon)
-    r = ctl("fleet", "diagnose", *hosts(ds), "--tests", "all_to_all", "--timeout", "3m", "--json", "--port", "29611")
+    r = ctl("fleet", "diagnose", *hosts(ds), "--tests", "all_to_all", "--timeout", "3m", "--json", "--port", "29611",
+            "--slow-fraction", SLOW_FRACTION)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert set(doc) >= KEYS and doc["outcome"] == "PASS" and doc["suspects"] == []
@@ -298,11 +304,12 @@ def test_healthy_hosts_pass_and_every_report_carries_the_run_id(make_daemon: Any
     for h, d in zip(doc["hosts"], ds, strict=True):
         assert set(h) == HOST_KEYS and h["host"] == f"unix:{d.socket}" and h["addr"] == "127.0.0.1"
         assert (h["local"], h["inter"], h["pairs"]) == ("PASS", "PASS", "PASS") and h["busbw_gbps"] > 0
-        # local, inter, and its two pairs (three hosts: three rounds of one pair), each tagged with the run id
+        # local, inter, and its two pairs (three hosts: three rounds of one pair; and the re-test of a pair
+        # slow in its round, if one was), each tagged with the run id
         reports = {x.id: x for x in listed(d)}
-        assert len(h["reports"]) == 4 and set(h["reports"]) <= set(reports)
+        assert 4 <= len(h["reports"]) <= 4 + MAX_RETESTS and set(h["reports"]) <= set(reports)
         assert {reports[i].run_id for i in h["reports"]} == {doc["run_id"]}
-        assert [reports[i].tests for i in h["reports"]] == [["all_to_all"]] + [["all_gather"]] * 3
+        assert [reports[i].tests for i in h["reports"]] == [["all_to_all"]] + [["all_gather"]] * (len(h["reports"]) - 1)
         gather = next(x for x in reports[h["reports"][1]].results if x.test == "all_gather")
         assert gather.figures["bytes"] == 3 * (1 << 18)  # collectives.size_mb: 0.25 MiB x 3 nodes (a CPU rank each)
         table = d.robustctl("diag", "list")

@@ -9,10 +9,12 @@ where the other hosts reach it for the collectives.
 Sizes (measured on the 2-core CI machine): an all_gather of 0.1 MB per rank and iteration between two
 healthy hosts ran at 0.03-0.5 GB/s bus bandwidth timed over the whole loop (the pairs of one round compete
 for the two cores), between a host behind the 8 mbit token bucket and a healthy one at 0.0006-0.0007 GB/s;
-a slow pair costs ~3 s, the all-host collective with a slow host ~10 s. The diagnosis runs with the
-default --slow-fraction (0.5), as an operator's does: CPU ranks' bandwidth comes from their median
-iteration (stoptests/collective_worker.py), and a pair slow in its round is re-tested alone before it is
-judged (robustd/fleet/rings.py).
+a slow pair costs ~3 s, the all-host collective with a slow host ~10 s. CPU ranks' bandwidth comes from
+their median iteration (stoptests/collective_worker.py) and a pair slow in its round is re-tested alone
+before it is judged (robustd/fleet/rings.py); still, healthy pairs here measure up to 2.05 times apart, the
+same pair alone as in its round (0.18 against 0.37 GB/s): the two cores, not the links, set their speed.
+So the tests run at --slow-fraction 0.25 (the 8 mbit pairs sit at ~0.005 of the reference), not the
+default 0.5, which is for a fabric whose healthy pairs measure within a few percent of each other.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ COLLECTIVE_TIMEOUT = "20s"  # a hung or unreachable peer costs this much per col
 # Where a host's link is down, every collective with it waits this long for a peer that never comes; the
 # healthy ones take 1-3 s, so 10 s still tells late from never.
 DOWN_TIMEOUT = "10s"
+SLOW_FRACTION = "0.25"  # see above: twice the healthy spread measured on this machine
 TESTS = "all_to_all,all_gather"  # the local phase: all_to_all; then inter and pairs (all_gather)
 
 
@@ -63,7 +66,7 @@ class Cluster:
 
     def command(self, *extra: str) -> list[str]:
         return [sys.executable, "-m", "robustd.cli.robustctl", "fleet", "diagnose", "--hosts-file",
-                str(self.hosts_file), "--tests", TESTS, "--timeout", "4m",
+                str(self.hosts_file), "--tests", TESTS, "--slow-fraction", SLOW_FRACTION, "--timeout", "4m",
                 "--json", *extra]
 
     def reports(self, i: int) -> list[pb.DiagnosticReport]:
