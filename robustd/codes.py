@@ -133,10 +133,12 @@ def load_codes(path: str) -> dict[str, CodeRule]:
 
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    data = yaml.safe_load(text) or {}
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    try:
+        root, data, problems = yamlpos.load(text, path)
+    except yaml.YAMLError as e:
+        raise ValueError(yamlpos.malformed(e, path)) from None
+    data = data or {}
     out: dict[str, CodeRule] = {}
-    problems: list[str] = []
     for code, rule in (data.get("codes") or {}).items():
         try:
             out[code] = CodeRule.model_validate(rule or {})

@@ -1,8 +1,9 @@
 """Where in a YAML file a key is: the `file:line` every config and rule-file error starts with.
 
 One helper for the config (robustd/config.py), the code tables (robustd/codes.py), the kernel-log
-rules (checks/kernel/rules.py) and the triage rules (robustd/triage/rules.py). `load` reads a document
-once with its node tree and the keys written twice in it (robustd.yaml refuses those).
+rules (checks/kernel/rules.py), the check thresholds (checks/common/thresholds.py) and the triage rules
+(robustd/triage/rules.py). `load` reads a document once with its node tree and the keys written twice in
+it (every one of those files refuses them: YAML keeps the last without a word).
 """
 
 from __future__ import annotations
@@ -37,10 +38,15 @@ def where(root: yaml.Node | None, loc: tuple[Any, ...], source: str) -> str:
     return f"{source}:{line}"
 
 
+# libyaml where PyYAML was built with it (the wheels are): the rule files are thousands of lines, read at
+# every start, and the pure-Python parser spent 0.3 s of CPU on them. Same node tree, same marks.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load(text: str, source: str) -> tuple[yaml.Node | None, Any, list[str]]:
     """One YAML document read once: its node tree (for `where`), its data (SafeLoader) and its duplicate keys
     (`duplicates`, found before the loader folds merges into the tree). Raises yaml.YAMLError when malformed."""
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         root = loader.get_single_node()
         twice = duplicates(root, source)

@@ -276,6 +276,15 @@ def test_malformed_yaml_names_line(tmp_path: Path) -> None:
     assert f"{path}:" in str(e.value) and "malformed YAML" in str(e.value)
 
 
+def test_a_key_written_twice_names_both_lines(tmp_path: Path) -> None:
+    # YAML keeps the last one silently: the rule would match what its author did not read in the file.
+    path = _write(tmp_path, "rules:\n  - code: A\n    pattern: 'alpha'\n    severity: WARNING\n"
+                            "    pattern: 'beta'\n")
+    with pytest.raises(RuleError) as e:
+        load_rules([path])
+    assert f"{path}:5: rules.0.pattern: duplicate key (also at line 3)" in str(e.value)
+
+
 def test_template_group_and_failing_example(tmp_path: Path) -> None:
     path = _write(tmp_path, "rules:\n  - code: 'X_{nope}'\n    pattern: 'x'\n")
     with pytest.raises(RuleError, match="nope"):

@@ -48,12 +48,14 @@ def load(path: str, model: type[T]) -> T:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = (yaml.safe_load(text) or {}).get("thresholds")
+        root, doc, twice = yamlpos.load(text, path)
     except OSError as e:
         raise ThresholdError([f"{path}: cannot read rule file: {e.strerror}"]) from None
     except yaml.YAMLError as e:
         raise ThresholdError([yamlpos.malformed(e, path)]) from None
+    if twice:
+        raise ThresholdError(twice)
+    data = (doc or {}).get("thresholds")
     try:
         return model.model_validate(data if data is not None else {})
     except ValidationError as e:

@@ -288,11 +288,14 @@ def _load_file(path: str, problems: list[str]) -> tuple[RuleFile, yaml.Node | No
         problems.append(f"{path}: cannot read rule file: {e.strerror}")
         return None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text) or {}
+        root, data, twice = yamlpos.load(text, path)
     except yaml.YAMLError as e:
         problems.append(yamlpos.malformed(e, path))
         return None
+    if twice:
+        problems += twice
+        return None
+    data = data or {}
     try:
         return RuleFile.model_validate(data), root
     except ValidationError as e:
