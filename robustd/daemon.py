@@ -127,6 +127,7 @@ class Daemon:
                              ) from None
         self.store = Store(cfg.state_dir)  # never fails for the state disk: a read-only one means degraded
         migrate_reports(self.store)  # diagnostic reports of earlier versions, before anything else writes
+        self._start_cursors = self.store.cursors()  # read once: the checks start from them, the journal keeps them
         self.runner = self._make_runner(self.settings)
         await self.runner.start_sources()
         table = checkset.code_table(self.runner.states, self.settings)
@@ -136,7 +137,7 @@ class Daemon:
         standing = self.store.conditions()  # read once: the policy takes the conditions, the journal their seqs
         self.policy.load(standing, time.time())
         self.engine = Engine(self.policy, self.store, writer=ThreadWriter(asyncio.get_running_loop()),
-                             standing=standing, reads=ThreadReads())
+                             standing=standing, reads=ThreadReads(), cursors=self._start_cursors)
         if self.store.open_error:
             log.error("state_dir %s: the event log cannot be written (%s); serving verdicts from memory and "
                       "retrying every second", cfg.state_dir, self.store.open_error)
@@ -227,10 +228,10 @@ class Daemon:
                             traffic_source=lambda: checkset.traffic(self.runner.states))
 
     def _cursor(self, check: str) -> dict[str, str]:
-        """Where a stream check resumes: from the log at start, from the journal's memory once it runs (a
-        reload must not read the log on the event loop)."""
+        """Where a stream check resumes: the log's cursors read once at start, and once the journal runs, its
+        memory of them, seeded from that same read (a reload must not read the log on the event loop)."""
         engine: Engine | None = getattr(self, "engine", None)
-        return self.store.cursor(check) if engine is None else engine.view.cursor(check)
+        return dict(self._start_cursors.get(check, {})) if engine is None else engine.view.cursor(check)
 
     def _gpu_inventory(self) -> GpuInventory:
         """What the running GPU check published (no GPUs without one)."""

@@ -21,7 +21,7 @@ streams get the events once they are on disk.
 from __future__ import annotations
 
 import time
-from typing import AsyncIterator, Callable, Iterable, Protocol
+from typing import AsyncIterator, Callable, Iterable, Mapping, Protocol
 
 from robustd.codes import CodeTable, Meaning
 from robustd.hub import Hub, Subscriber
@@ -162,9 +162,11 @@ class Engine:
 
     def __init__(self, policy: Policy, store: Store, clock: Callable[[], float] = time.time,
                  writer: InlineWriter | ThreadWriter | None = None, standing: Iterable[Condition] = (),
-                 reads: InlineReads | ThreadReads | None = None):
+                 reads: InlineReads | ThreadReads | None = None,
+                 cursors: Mapping[str, Mapping[str, str]] | None = None):
         """`standing`: the conditions the log holds at start, as the policy loaded them (their seqs). `reads`:
-        where reads of the log run once started (robustd/reads.py; at once on the caller's thread if None)."""
+        where reads of the log run once started (robustd/reads.py; at once on the caller's thread if None).
+        `cursors`: the stream checks' cursors the log holds at start, as the checks were made with them."""
         self.policy = policy
         self.store = store
         self.reads = reads or InlineReads()
@@ -172,7 +174,7 @@ class Engine:
         self.hub = Hub()
         self.listeners: list[Callable[[list[Event]], None]] = []  # e.g. the health service
         self._shown: dict[tuple[str, str], tuple[Condition, tuple[int, float], Condition]] = {}  # see snapshot
-        self.journal = Journal(store, clock, writer, standing=standing, on_trouble=self._trouble,
+        self.journal = Journal(store, clock, writer, standing=standing, cursors=cursors, on_trouble=self._trouble,
                                on_written=self._written, on_pruned=policy.pruned)
         self.view = EngineView(self)  # what readers get: never the policy, the journal or the hub themselves
 

@@ -72,6 +72,7 @@ class Journal:
 
     def __init__(self, store: Store, clock: Callable[[], float] = time.time,
                  writer: InlineWriter | ThreadWriter | None = None, *, standing: Iterable[Condition] = (),
+                 cursors: Mapping[str, Mapping[str, str]] | None = None,
                  on_trouble: Trouble = lambda reason: [],
                  on_written: Callable[[list[Event]], None] = lambda done: None,
                  on_pruned: Callable[[int], None] = lambda through: None):
@@ -88,7 +89,9 @@ class Journal:
         self._waiters: dict[int, asyncio.Future[Event]] = {}  # id(event) -> whoever waits for its seq
         self.head = store.head_seq()  # the newest seq written, as told: from here on only commits move it
         self.pruned = store.pruned_through()  # retention deleted every event up to this seq (see prune)
-        self._known_cursors = store.cursors()  # each stream check's newest cursor: committed, then as handed in
+        # Each stream check's newest cursor: the log's at start (read once, by the daemon, which made the checks
+        # with them), then as handed in.
+        self._known_cursors = {k: dict(v) for k, v in (store.cursors() if cursors is None else cursors).items()}
         # The committed seq of each condition standing at start (the log's, read once by the daemon for the policy too)
         self._seqs: dict[Key, tuple[int, float]] = {c.key: (c.seq, c.changed_at) for c in standing}
         self._raising: collections.Counter[Key] = collections.Counter()  # held RAISEDs: a new condition, unwritten
@@ -171,16 +174,22 @@ class Journal:
         except TimeoutError:
             return False
 
+    def _stuck_for(self) -> float | None:
+        """How long the write in progress has not returned, once that is STUCK_AFTER or more; else None."""
+        busy = self.writer.busy_since
+        if busy is None:
+            return None
+        waited = time.monotonic() - busy
+        return waited if waited >= STUCK_AFTER else None
+
     @property
     def stuck(self) -> bool:
         """A write has not returned for STUCK_AFTER: the state disk does not answer (frozen, hung)."""
-        busy = self.writer.busy_since
-        return busy is not None and time.monotonic() - busy >= STUCK_AFTER
+        return self._stuck_for() is not None
 
     def watch(self) -> None:
         """A write that does not come back is a state disk that does not answer: say so while it hangs."""
-        busy = self.writer.busy_since
-        if busy is not None and (stuck := time.monotonic() - busy) >= STUCK_AFTER:
+        if (stuck := self._stuck_for()) is not None:
             self._problem(f"a write to the event log has not returned for {stuck:.0f}s "
                           "(the state disk is not responding)")
         elif self.error:

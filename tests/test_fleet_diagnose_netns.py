@@ -37,6 +37,9 @@ from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.fleet.rings import MAX_RETESTS
 
 SIZE_MB = 0.1  # all_to_all and all_gather payload per rank and iteration (diagnostics.collectives.size_mb)
+# Timed (and as many verified) iterations: a pair across the 8 mbit link costs ~0.3 s each; three give
+# the median iteration the figures use
+ITERATIONS = 3
 COLLECTIVE_TIMEOUT = "20s"  # a hung or unreachable peer costs this much per collective
 # Where a host's link is down, every collective with it waits this long for a peer that never comes; the
 # healthy ones take 1-3 s, so 10 s still tells late from never.
@@ -97,7 +100,7 @@ def cluster(make_daemon: Any, short_tmp: Path) -> Iterator[Any]:
         for i in range(n):
             d = make_daemon({"node_name": f"node-{i}", "checks": {"kernel": {"enabled": False}},
                              "diagnostics": {"test_faults": True,
-                                             "collectives": {"timeout": collective_timeout, "size_mb": SIZE_MB,
+                                             "collectives": {"timeout": collective_timeout, "size_mb": SIZE_MB, "iterations": ITERATIONS,
                                                              "cpu_ranks": 2}}}, name=f"n{i}-")
             d.wrap = fabric.netns_exec(i)
             nodes.append(d)

@@ -545,6 +545,9 @@ def test_reboot_then_self_check_pass_resumes_fail_holds(make_node: Any, slurm: S
     slurm.wait_for(lambda: slurm.reboot_requests() >= 2, 20, "the second reboot")
     reboot("fail4")
     slurm.wait_for(lambda: "self-check FAIL" in slurm.state()[1], 30, "the self-check FAIL in the reason")
+    # the agent records the outcome in its state file just after the reason (under its lock): wait for it
+    slurm.wait_for(lambda: (n.saved().get("self_check") or {}).get("outcome") == "FAIL", 10,
+                   "the self-check FAIL in the agent's state file")
     sc = n.saved()["self_check"]
     assert sc["outcome"] == "FAIL" and sc["report_id"] in slurm.state()[1]
     stays(slurm, slurm.state(), 2.0)  # held: never resumed by robustd
