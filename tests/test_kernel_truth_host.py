@@ -127,8 +127,9 @@ def meaning(rules: RuleSet, f: Finding) -> tuple[Severity, Action]:
     (["Memory failure: 0x8a398a: recovery action for dirty LRU page: Recovered"], "MEMORY_FAILURE", "host", W,
      Action.HW_INSPECT),
     (["CMCI storm detected: switching to poll mode"], "CMCI_STORM", "host", W, Action.HW_INSPECT),
-    (["{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 4",
-      "{7}[Hardware Error]: event severity: recoverable"], "MCE_HARDWARE_ERROR", "host", W, Action.HW_INSPECT),
+    # The severity line alone (its header interleaved or lost), rule GHES_SEVERITY: with the header before
+    # it the older two-line GHES rule claims the pair, so that form did not test this rule.
+    (["{7}[Hardware Error]: event severity: recoverable"], "MCE_HARDWARE_ERROR", "host", W, Action.HW_INSPECT),
     (["{7}[Hardware Error]: event severity: fatal"], "MCE_HARDWARE_ERROR", "host", C, Action.HW_INSPECT),
     # Storage: ext4 mounted with errors, btrfs aborted transactions and checksum errors, SCSI offline,
     # block-layer timeouts (motioneye-project/motioneyeos#1006, linux-btrfs, maharmstone/btrfs#88,
