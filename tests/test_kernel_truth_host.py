@@ -177,6 +177,22 @@ def test_a_cmci_storm_subsiding_resolves_it(rules: RuleSet) -> None:
         ("CMCI_STORM", "occurrence", "host"), ("CMCI_STORM", "resolved", "host")]
 
 
+@pytest.mark.parametrize("hot,normal", [
+    ("CPU7: Core temperature is above threshold, cpu clock is throttled (total events = 219)",
+     "CPU7: Core temperature/speed normal (total events = 219)"),
+    ("CPU1: Core temperature above threshold, cpu clock throttled (total events = 1)",
+     "CPU1: Core temperature/speed normal"),
+], ids=["5.6+", "before-5.6"])
+def test_cpu_thermal_throttling_is_a_warning_that_the_all_clear_resolves(rules: RuleSet, hot: str,
+                                                                          normal: str) -> None:
+    """Issue 28: therm_throt.c's two wordings (LKML reports, a public blog post): the throttle is WARNING with
+    no action (slower, not broken), and "temperature/speed normal", with or without the count, clears it."""
+    found = feed(rules, hot, normal)
+    assert [(f.code, f.kind.value, f.component) for f in found] == [
+        ("CPU_THERMAL_THROTTLE", "occurrence", "host"), ("CPU_THERMAL_THROTTLE", "resolved", "host")]
+    assert meaning(rules, found[0]) == (W, Action.NONE)
+
+
 def test_a_soft_lockup_is_tolerated_once_per_hour(rules: RuleSet) -> None:
     """The code's meaning: WARNING at the first lockup, CRITICAL from the second within an hour."""
     tol = rules.codes["SOFT_LOCKUP"].tolerate
