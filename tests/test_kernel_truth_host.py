@@ -140,6 +140,14 @@ def meaning(rules: RuleSet, f: Finding) -> tuple[Severity, Action]:
      Action.HW_INSPECT),
     (["BTRFS warning (device sda2): csum failed root 258 ino 9276991 off 8192 csum 0xf70240b1 expected csum "
       "0x0c62ca5b mirror 1"], "FS_ERROR", "disk/sda2", W, Action.HW_INSPECT),
+    # btrfs metadata that is not what its parent points at, and scrub errors no copy repairs (linux-btrfs
+    # posts; a scrub fixture): the file system carries on, so FS_ERROR, as csum failures are.
+    (["BTRFS error (device bcache1): parent transid verify failed on 2529691090944 wanted 319147 found 310171"],
+     "FS_ERROR", "disk/bcache1", W, Action.HW_INSPECT),
+    (["BTRFS error (device loop0): bad tree block start, want 5292032 have 0"], "FS_ERROR", "disk/loop0", W,
+     Action.HW_INSPECT),
+    (["BTRFS error (device dm-0): unable to fixup (regular) error at logical 953118621696 on dev /dev/dm-0 "
+      "physical 16106127360"], "FS_ERROR", "disk/dm-0", W, Action.HW_INSPECT),
     (["sd 2:0:0:1: Device offlined - not ready after error recovery"], "SCSI_DEVICE_OFFLINE", "disk/2:0:0:1", C,
      Action.REBOOT),
     (["sd 1:0:0:0: [sdb] Medium access timeout failure. Offlining disk!"], "SCSI_DEVICE_OFFLINE", "disk/sdb", C,
