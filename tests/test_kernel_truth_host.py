@@ -318,11 +318,12 @@ def test_one_fault_is_one_occurrence(rules: RuleSet, lines: list[str], code: str
       "XFS (vda4): First 128 bytes of corrupted metadata buffer:",
       "00000000: 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00  ................"],
      [("FS_CORRUPTION", "disk/vda4")]),
-    # maharmstone/btrfs#215: a bad tree block, the aborted transaction, read-only.
+    # maharmstone/btrfs#215: a bad tree block (FS_ERROR since issue 28), the aborted transaction (the same
+    # condition again), read-only.
     (["BTRFS error (device sda1): bad tree block start, want 5914624 have 0",
       "BTRFS: error (device sda1) in btrfs_run_delayed_refs:2188: errno=-5 IO failure",
       "BTRFS info (device sda1): forced readonly"],
-     [("FS_ERROR", "disk/sda1"), ("FS_READONLY", "disk/sda1")]),
+     [("FS_ERROR", "disk/sda1"), ("FS_ERROR", "disk/sda1"), ("FS_READONLY", "disk/sda1")]),
 ], ids=["ext4-readonly", "nvme-removed", "raid5-failed", "xfs-shutdown", "xfs-corruption", "btrfs-readonly"])
 def test_real_sequences(rules: RuleSet, records: list[str], expect: list[tuple[str, str]]) -> None:
     assert [(f.code, f.component) for f in feed(rules, *records)] == expect
