@@ -262,17 +262,56 @@ def test_gsp_and_uvm_faults_without_a_gpu_address_are_host_faults(rules: RuleSet
     """Issue 28: GSP RPC / heartbeat timeouts and UVM global fatal errors printed without an Xid (real lines:
     open-gpu-kernel-modules #446/#942, bazzite #4449, public UVM write-ups). One timeout stays WARNING (the
     driver marks the GPU only after back-to-back timeouts); the back-to-back mark is CRITICAL; a UVM global
-    fatal error needs an OS reboot. Unit-tested only: the lines name no PCI address, so the component is host."""
+    fatal error needs an OS reboot. Unit-tested only: the lines name no PCI address, so the component is host,
+    and no action aims a GPU reset at host: a WARNING has none (the Xid 119 beside it carries RESET_GPU on the
+    GPU's bus id), a CRITICAL is REBOOT (it resets the GPU nobody named), sticky until that reboot."""
     assert verdict_of(rules, "NVRM: nvAssertFailedNoLog: Assertion failed: Back to back GSP RPC timeout detected! "
                              "GPU marked for reset @ kernel_gsp.c:2387") == \
-        ("GSP_GPU_RESET_REQUIRED", "host", C, Action.RESET_GPU)
+        ("GSP_BACK_TO_BACK_TIMEOUT", "host", C, Action.REBOOT)
     assert verdict_of(rules, "NVRM: _issueRpcAndWait: rpcRecvPoll timedout for fn 76 sequence 4129!") == \
-        ("GSP_RPC_TIMEOUT", "host", W, Action.RESET_GPU)
+        ("GSP_RPC_TIMEOUT", "host", W, Action.NONE)
     assert verdict_of(rules, "NVRM: GPU0 _kgspRpcRecvPoll: GSP RM heartbeat timed out") == \
-        ("GSP_HEARTBEAT_TIMEOUT", "host", W, Action.RESET_GPU)
+        ("GSP_HEARTBEAT_TIMEOUT", "host", W, Action.NONE)
     assert verdict_of(rules, "NVRM: nvGpuOpsReportFatalError: uvm encountered global fatal error 0x60, requiring "
                              "os reboot to recover.") == ("UVM_GLOBAL_FATAL", "host", C, Action.REBOOT)
     assert rules.codes["UVM_GLOBAL_FATAL"].sticky
+    # The rate-limit line names the GPU: there the reset is aimed at it.
+    assert verdict_of(rules, "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:07:00 (printing 1 of "
+                             "every 30).  The GPU likely needs to be reset.") == \
+        ("GSP_GPU_RESET_REQUIRED", "gpu/0000:07:00.0", C, Action.RESET_GPU)
+
+
+@pytest.mark.parametrize("line,code,severity,action", [
+    # A failed RPC: the status decides (forum thread 379959; public eGPU write-ups, after Xid 79).
+    ("NVRM: _issueRpcAndWait: rpcRecvPoll failed with status 0x00000062 for fn 76 sequence 5742!", "GSP_RPC_FAILED",
+     C, Action.REBOOT),
+    ("NVRM: GPU1 _issueRpcAndWait: rpcRecvPoll failed with status 0x00000064 for fn 76 sequence 12!", "GSP_RPC_FAILED",
+     W, Action.NONE),
+    ("NVRM: _kgspLogRpcSanityCheckFailure: GPU0 sanity check failed 0xf waiting for RPC response from GSP. Expected "
+     "function 4097 (GSP_INIT_DONE) sequence 0 (0x0 0x0).", "GSP_RPC_FAILED", C, Action.REBOOT),
+    # The PMU halted (a public suspend/resume write-up, before Xid 62), the GSP-FMC fatal error (a public H100 note).
+    ("NVRM: GPU0 _kgspRpcGspEventPmuHalted: Received signal from GSP that PMU has halted.", "GSP_PMU_HALTED", C,
+     Action.REBOOT),
+    ("NVRM: GPU6 kgspFmcReportErrorCode_GH100: Fatal GSP-FMC Error: version=0x1, partition=0x1, error code=0xaff, "
+     "additional info=0xb", "GSP_FMC_FATAL", C, Action.REBOOT),
+], ids=["recv-reset-required", "recv-other", "sanity-gpu-lost", "pmu-halted", "fmc-fatal"])
+def test_dead_gsp_lines_without_an_address_reboot_the_host(rules: RuleSet, line: str, code: str,
+                                                           severity: Severity, action: Action) -> None:
+    """Issue 28: the GSP lines that say a GPU is unusable but name it only as GPU<n> (the driver's numbering):
+    CRITICAL/REBOOT on host, sticky; a failed RPC whose status says nothing of the sort stays WARNING."""
+    assert verdict_of(rules, line) == (code, "host", severity, action)
+    if severity is C and code != "GSP_RPC_FAILED":
+        assert rules.codes[code].sticky
+
+
+def test_the_rc_watchdog_headline_is_left_to_its_xid(rules: RuleSet) -> None:
+    """llama.cpp #27102: "GPU is probably locked!" comes before the driver's channel recovery and its Xid 8
+    (RESTART_APP), which names the GPU; the headline alone claims nothing (one finding, not two), and the
+    Xid 8 line after it is the finding."""
+    line = "NVRM: krcWatchdog_IMPL: RC watchdog: GPU is probably locked!  Notify Timeout Seconds: 7"
+    assert rules.match([line]) == []
+    assert verdict_of(rules, "NVRM: Xid (PCI:0000:01:00): 8, pid=709378, name=llama-server, channel 0x00000027") == \
+        ("XID_8", "gpu/0000:01:00.0", W, Action.RESTART_JOB)
 
 
 def test_init_and_recovery_failures_outlive_a_resolve(rules: RuleSet) -> None:

@@ -127,8 +127,9 @@ def meaning(rules: RuleSet, f: Finding) -> tuple[Severity, Action]:
     (["Memory failure: 0x8a398a: recovery action for dirty LRU page: Recovered"], "MEMORY_FAILURE", "host", W,
      Action.HW_INSPECT),
     (["CMCI storm detected: switching to poll mode"], "CMCI_STORM", "host", W, Action.HW_INSPECT),
-    (["{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 4",
-      "{7}[Hardware Error]: event severity: recoverable"], "MCE_HARDWARE_ERROR", "host", W, Action.HW_INSPECT),
+    # The severity line alone (its header interleaved or lost), rule GHES_SEVERITY: with the header before
+    # it the older two-line GHES rule claims the pair, so that form did not test this rule.
+    (["{7}[Hardware Error]: event severity: recoverable"], "MCE_HARDWARE_ERROR", "host", W, Action.HW_INSPECT),
     (["{7}[Hardware Error]: event severity: fatal"], "MCE_HARDWARE_ERROR", "host", C, Action.HW_INSPECT),
     # Storage: ext4 mounted with errors, btrfs aborted transactions and checksum errors, SCSI offline,
     # block-layer timeouts (motioneye-project/motioneyeos#1006, linux-btrfs, maharmstone/btrfs#88,
@@ -139,6 +140,14 @@ def meaning(rules: RuleSet, f: Finding) -> tuple[Severity, Action]:
      Action.HW_INSPECT),
     (["BTRFS warning (device sda2): csum failed root 258 ino 9276991 off 8192 csum 0xf70240b1 expected csum "
       "0x0c62ca5b mirror 1"], "FS_ERROR", "disk/sda2", W, Action.HW_INSPECT),
+    # btrfs metadata that is not what its parent points at, and scrub errors no copy repairs (linux-btrfs
+    # posts; a scrub fixture): the file system carries on, so FS_ERROR, as csum failures are.
+    (["BTRFS error (device bcache1): parent transid verify failed on 2529691090944 wanted 319147 found 310171"],
+     "FS_ERROR", "disk/bcache1", W, Action.HW_INSPECT),
+    (["BTRFS error (device loop0): bad tree block start, want 5292032 have 0"], "FS_ERROR", "disk/loop0", W,
+     Action.HW_INSPECT),
+    (["BTRFS error (device dm-0): unable to fixup (regular) error at logical 953118621696 on dev /dev/dm-0 "
+      "physical 16106127360"], "FS_ERROR", "disk/dm-0", W, Action.HW_INSPECT),
     (["sd 2:0:0:1: Device offlined - not ready after error recovery"], "SCSI_DEVICE_OFFLINE", "disk/2:0:0:1", C,
      Action.REBOOT),
     (["sd 1:0:0:0: [sdb] Medium access timeout failure. Offlining disk!"], "SCSI_DEVICE_OFFLINE", "disk/sdb", C,
@@ -174,6 +183,22 @@ def test_a_cmci_storm_subsiding_resolves_it(rules: RuleSet) -> None:
                  "CMCI storm subsided: switching to interrupt mode")
     assert [(f.code, f.kind.value, f.component) for f in found] == [
         ("CMCI_STORM", "occurrence", "host"), ("CMCI_STORM", "resolved", "host")]
+
+
+@pytest.mark.parametrize("hot,normal", [
+    ("CPU7: Core temperature is above threshold, cpu clock is throttled (total events = 219)",
+     "CPU7: Core temperature/speed normal (total events = 219)"),
+    ("CPU1: Core temperature above threshold, cpu clock throttled (total events = 1)",
+     "CPU1: Core temperature/speed normal"),
+], ids=["5.6+", "before-5.6"])
+def test_cpu_thermal_throttling_is_a_warning_that_the_all_clear_resolves(rules: RuleSet, hot: str,
+                                                                          normal: str) -> None:
+    """Issue 28: therm_throt.c's two wordings (LKML reports, a public blog post): the throttle is WARNING with
+    no action (slower, not broken), and "temperature/speed normal", with or without the count, clears it."""
+    found = feed(rules, hot, normal)
+    assert [(f.code, f.kind.value, f.component) for f in found] == [
+        ("CPU_THERMAL_THROTTLE", "occurrence", "host"), ("CPU_THERMAL_THROTTLE", "resolved", "host")]
+    assert meaning(rules, found[0]) == (W, Action.NONE)
 
 
 def test_a_soft_lockup_is_tolerated_once_per_hour(rules: RuleSet) -> None:
@@ -293,11 +318,12 @@ def test_one_fault_is_one_occurrence(rules: RuleSet, lines: list[str], code: str
       "XFS (vda4): First 128 bytes of corrupted metadata buffer:",
       "00000000: 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00  ................"],
      [("FS_CORRUPTION", "disk/vda4")]),
-    # maharmstone/btrfs#215: a bad tree block, the aborted transaction, read-only.
+    # maharmstone/btrfs#215: a bad tree block (FS_ERROR since issue 28), the aborted transaction (the same
+    # condition again), read-only.
     (["BTRFS error (device sda1): bad tree block start, want 5914624 have 0",
       "BTRFS: error (device sda1) in btrfs_run_delayed_refs:2188: errno=-5 IO failure",
       "BTRFS info (device sda1): forced readonly"],
-     [("FS_ERROR", "disk/sda1"), ("FS_READONLY", "disk/sda1")]),
+     [("FS_ERROR", "disk/sda1"), ("FS_ERROR", "disk/sda1"), ("FS_READONLY", "disk/sda1")]),
 ], ids=["ext4-readonly", "nvme-removed", "raid5-failed", "xfs-shutdown", "xfs-corruption", "btrfs-readonly"])
 def test_real_sequences(rules: RuleSet, records: list[str], expect: list[tuple[str, str]]) -> None:
     assert [(f.code, f.component) for f in feed(rules, *records)] == expect

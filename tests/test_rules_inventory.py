@@ -28,6 +28,10 @@ def test_render_prints_c_formats_as_the_kernel_does() -> None:
                                                                     "10.0.0.1", "inner", "yes"]) == \
         "12 pages 7 ff    ab|3   |BEEF 10.0.0.1 inner % y"
     assert render("%*d|%.*s", [4, 7, 2, "xyz"]) == "   7|xy"
+    # The alternate forms as lib/vsprintf.c number() prints them: base 16 always gets its 0x, even for 0
+    # (ISO C would print "0"; the kernel's RCU stall line reads "f0x0"), octal gets one leading 0.
+    assert render("f%#x %#llx %#X %#06x %#x", [0, 0, 0, 0, 0x402]) == "f0x0 0x0 0X0 0x0000 0x402"
+    assert render("%#o|%#o|%#5o|%#.4o", [0, 8, 8, 8]) == "0|010|  010|0010"
     with pytest.raises(FormatError, match="no value"):
         render("%s %s", ["one"])
     with pytest.raises(FormatError, match="left over"):

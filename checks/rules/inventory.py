@@ -26,7 +26,9 @@ A file:
 
 Formats are C printf formats as the kernel reads them: flags, width, precision, the length modifiers
 (hh, h, l, ll, z, t, j) and the kernel's %p extensions (%pV, %pI4, %pM, %pS, ...: each takes one value,
-printed as given). This is a small printf of our own because no kept library renders C formats with the
+printed as given). `%#x` of 0 is "0x0": the kernel's vsprintf (lib/vsprintf.c number()) always writes the
+0x of base 16, unlike ISO C's "0" (a real RCU line reads "f0x0"); `%#o` is C's leading 0, not Python's 0o.
+This is a small printf of our own because no kept library renders C formats with the
 kernel's %p extensions; Python's % operator takes neither the length modifiers nor %p.
 """
 
@@ -86,7 +88,7 @@ def render(fmt: str, args: tuple[Any, ...] | list[Any]) -> str:
         if m["conv"] == "%":
             out.append("%")
             continue
-        width, prec = m["width"], m["prec"]
+        flags, width, prec = m["flags"], m["width"], m["prec"]
         if width == "*":
             width = str(_take(values, fmt, m))
         if prec == "*":
@@ -101,11 +103,17 @@ def render(fmt: str, args: tuple[Any, ...] | list[Any]) -> str:
                 value = int(value, 0) if isinstance(value, str) else int(value)
             except ValueError:
                 raise FormatError(f"{m.group(0)!r} in {fmt!r} takes a number, not {value!r}") from None
+            if conv == "o" and "#" in flags:
+                # C's and the kernel's alternate octal form is one leading 0 ("010"; 0 stays "0"), which
+                # Python writes "0o10" / "0o0": ask for one more digit of precision instead.
+                flags = flags.replace("#", "")
+                if value:
+                    prec = str(max(int(prec or 0), len(f"{abs(value):o}") + 1))
         elif conv == "c":
             value = str(value)[:1]
         elif conv == "n":
             raise FormatError(f"%n in {fmt!r}")
-        spec = "%" + m["flags"] + (width or "") + (f".{prec}" if prec is not None else "") + conv
+        spec = "%" + flags + (width or "") + (f".{prec}" if prec is not None else "") + conv
         out.append(spec % (value,))
     if values:
         raise FormatError(f"{len(values)} values left over for {fmt!r}")
