@@ -100,8 +100,9 @@ def cluster(make_daemon: Any, short_tmp: Path) -> Iterator[Any]:
         for i in range(n):
             d = make_daemon({"node_name": f"node-{i}", "checks": {"kernel": {"enabled": False}},
                              "diagnostics": {"test_faults": True,
-                                             "collectives": {"timeout": collective_timeout, "size_mb": SIZE_MB, "iterations": ITERATIONS,
-                                                             "cpu_ranks": 2}}}, name=f"n{i}-")
+                                             "collectives": {"timeout": collective_timeout, "size_mb": SIZE_MB,
+                                                             "iterations": ITERATIONS, "cpu_ranks": 2}}},
+                            name=f"n{i}-")
             d.wrap = fabric.netns_exec(i)
             nodes.append(d)
         for d in nodes:  # in parallel: on two cores a daemon takes a second or two to come up
