@@ -228,6 +228,17 @@ CASES = [
     Case("aer_no_details_found",
          "pci 0000:00:01.0: AER: Correctable error message received from {bdf} (no details found)",
          "PCIE_AER_CORRECTED", "pcie/{bdf}", W, Action.NONE),
+    # Issue 28: IOMMU faults name the requester on pcie/<bdf> (ggml-org/llama.cpp#21908: an NVIDIA GPU's
+    # I/O page fault, then an Xid 31); one fault is a WARNING, an ATS invalidation timeout asks for a reboot.
+    Case("amdvi_io_page_fault",
+         "nvidia {bdf}: AMD-Vi: Event logged [IO_PAGE_FAULT domain=0x001c address=0xd0826240 flags=0x0020]",
+         "IOMMU_DMA_FAULT", "pcie/{bdf}", W, Action.HW_INSPECT),
+    Case("amdvi_iotlb_invalidation_timeout",
+         "iommu ivhd0: AMD-Vi: Event logged [IOTLB_INV_TIMEOUT device={bdf} address=0x42b5b01a0]",
+         "IOMMU_CMD_TIMEOUT", "pcie/{bdf}", W, Action.REBOOT),
+    Case("smmuv3_event_names_the_gpu",
+         "arm-smmu-v3 arm-smmu-v3.0.auto: event: F_TRANSLATION client: {bdf} sid: 0x90100 ssid: 0x0 iova: "
+         "0x7ffff000 ipa: 0x0", "IOMMU_DMA_FAULT", "pcie/{bdf}", W, Action.HW_INSPECT),
     Case("nvlink5_nonfatal", NVL5[0][0], "XID_149", "gpu/{bdf}", W, Action.NONE),
     Case("nvlink5_nonfatal_contained", NVL5[2][0], "XID_145", "gpu/{bdf}", W, Action.RESTART_JOB),
     Case("nvlink5_fatal", NVL5[5][0], "XID_149", "gpu/{bdf}", C, Action.RESET_GPU),
@@ -246,6 +257,47 @@ def render(case: Case, bus: str) -> tuple[str, str]:
 def test_class_rules(rules: RuleSet, case: Case) -> None:
     line, component = render(case, new_bus())
     assert verdict_of(rules, line) == (case.code, component, case.severity, case.action)
+
+
+@pytest.mark.parametrize("records,expect", [
+    # thesofproject/sof-test#744 (5.14): the VT-d record prints bus:dev.fn with 0x and no segment.
+    (["DMAR: DRHD: handling fault status reg 2",
+      "DMAR: [DMA Read NO_PASID] Request device [0x00:0x02.0] fault addr 0x7c346000 [fault reason 0x06] PTE Read "
+      "access is not set"],
+     [("IOMMU_DMA_FAULT", "pcie/0000:00:02.0", W, Action.HW_INSPECT)]),
+    # The linux-pci vmd report: queue, time-out and completion errors, the descriptor dump, the recovery note.
+    (["DMAR: VT-d detected Invalidation Queue Error: Reason f",
+      "DMAR: VT-d detected Invalidation Time-out Error: SID ffff",
+      "DMAR: VT-d detected Invalidation Completion Error: SID ffff",
+      "DMAR: QI HEAD: UNKNOWN qw0 = 0x0, qw1 = 0x0",
+      "DMAR: QI PRIOR: UNKNOWN qw0 = 0x0, qw1 = 0x0",
+      "DMAR: Invalidation Time-out Error (ITE) cleared"],
+     [("IOMMU_ERROR", "host", W, Action.HW_INSPECT), ("IOMMU_CMD_TIMEOUT", "host", W, Action.REBOOT),
+      ("IOMMU_ERROR", "host", W, Action.HW_INSPECT)]),
+    # pcengines/apu2-documentation#240 (4.x): the event split over two lines; the second names the device.
+    (["AMD-Vi: Event logged [",
+      "IO_PAGE_FAULT device=05:00.0 domain=0x0012 address=0x00000000ff6101b0 flags=0x0070]"],
+     [("IOMMU_DMA_FAULT", "pcie/0000:05:00.0", W, Action.HW_INSPECT)]),
+    # An IPoIB stall: the watchdog line and ipoib_timeout's, one condition on nic/ib0 (rendered from
+    # sch_generic.c dev_watchdog 6.8+ and ipoib_main.c ipoib_timeout).
+    (["ib0: NETDEV WATCHDOG: CPU: 3: transmit queue 0 timed out 9560 ms",
+      "ib0: transmit timeout: latency 9560 msecs",
+      "ib0: queue stopped 1, tx_head 1234, tx_tail 1100, global_tx_head 1234, global_tx_tail 1100"],
+     [("NETDEV_TX_TIMEOUT", "nic/ib0", W, Action.HW_INSPECT), ("NETDEV_TX_TIMEOUT", "nic/ib0", W, Action.HW_INSPECT)]),
+    # The arm SMMU losing service: CRITICAL, every device behind it is cut off.
+    (["arm-smmu-v3 arm-smmu-v3.0.auto: unexpected global error reported (0x00000001), this could be serious",
+      "arm-smmu-v3 arm-smmu-v3.0.auto: device has entered Service Failure Mode!"],
+     [("IOMMU_ERROR", "host", W, Action.HW_INSPECT), ("IOMMU_FAILED", "host", C, Action.REBOOT)]),
+], ids=["vtd-5.14", "vtd-invalidation-queue", "amdvi-4.x-split", "ipoib-stall", "smmu-service-failure"])
+def test_iommu_and_transmit_watchdog_sequences(rules: RuleSet, records: list[str],
+                                               expect: list[tuple[str, str, Severity, Action]]) -> None:
+    """Issue 28: each line of a real (or rendered) sequence alone, as the kernel check reads them: the
+    findings and what the code table makes of them; the header and dump lines raise nothing."""
+    got = []
+    for line in records:
+        for f in rules.match([line]):
+            got.append((f.code, f.component, *meaning(rules, f.code)))
+    assert got == expect
 
 
 def test_probe_failed_and_legacy_init_failure_are_host_faults(rules: RuleSet) -> None:

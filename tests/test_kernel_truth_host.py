@@ -154,6 +154,9 @@ def meaning(rules: RuleSet, f: Finding) -> tuple[Severity, Action]:
      Action.REBOOT),
     (["timeout error, dev nullb0, sector 8 op 0x0:(READ) flags 0x0 phys_seg 1 prio class 2"], "DISK_IO_ERROR",
      "disk/nullb0", W, Action.HW_INSPECT),
+    # Issue 28: the kernel powered the node off at a critical temperature (a public StarPro64 bring-up log).
+    (["thermal thermal_zone0: thermal0: critical temperature reached, shutting down"], "HW_PROTECTION_SHUTDOWN",
+     "host", C, Action.HW_INSPECT),
 ])
 def test_each_class_yields_its_condition(rules: RuleSet, records: list[str], code: str, component: str,
                                          severity: Severity, action: Action) -> None:
@@ -324,7 +327,14 @@ def test_one_fault_is_one_occurrence(rules: RuleSet, lines: list[str], code: str
       "BTRFS: error (device sda1) in btrfs_run_delayed_refs:2188: errno=-5 IO failure",
       "BTRFS info (device sda1): forced readonly"],
      [("FS_ERROR", "disk/sda1"), ("FS_ERROR", "disk/sda1"), ("FS_READONLY", "disk/sda1")]),
-], ids=["ext4-readonly", "nvme-removed", "raid5-failed", "xfs-shutdown", "xfs-corruption", "btrfs-readonly"])
+    # Issue 28: a thermal zone at its critical trip point, then the shutdown (linux-pm regression report,
+    # Niklas Soderlund 2022); the power-off after it raises nothing.
+    (["thermal thermal_zone0: cpu-thermal: critical temperature reached, shutting down",
+      "reboot: HARDWARE PROTECTION shutdown (Temperature too high)",
+      "reboot: Power down"],
+     [("HW_PROTECTION_SHUTDOWN", "host"), ("HW_PROTECTION_SHUTDOWN", "host")]),
+], ids=["ext4-readonly", "nvme-removed", "raid5-failed", "xfs-shutdown", "xfs-corruption", "btrfs-readonly",
+        "thermal-shutdown"])
 def test_real_sequences(rules: RuleSet, records: list[str], expect: list[tuple[str, str]]) -> None:
     assert [(f.code, f.component) for f in feed(rules, *records)] == expect
 

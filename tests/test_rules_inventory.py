@@ -4,10 +4,12 @@ rendered from its format with plausible values (checks/rules/inventory.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from checks.kernel.rules import SHIPPED_RULE_FILES, RuleSet, load_rules
-from checks.rules.inventory import Entry, FormatError, load_all, render
+from checks.rules.inventory import Entry, FormatError, load, load_all, render
 from robustd.model import FindingKind
 
 ENTRIES = [e for inv in load_all() for e in inv.entries]
@@ -38,6 +40,19 @@ def test_render_prints_c_formats_as_the_kernel_does() -> None:
         render("%s", ["one", "two"])
     with pytest.raises(FormatError, match="takes a number"):
         render("%d", ["many"])
+
+
+def test_a_key_written_twice_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    """YAML keeps the last of two equal keys without a word: an entry's second `verdict:` would silently win,
+    and the test below would hold the rules to a verdict nobody meant."""
+    path = tmp_path / "x.yaml"
+    path.write_text("subsystem: x\nsources: [s]\nentries:\n  - source: s\n    level: err\n    format: f\n"
+                    "    verdict: fault\n    code: X\n    verdict: benign\n    why: w\n")
+    with pytest.raises(ValueError, match=r"x\.yaml:9: entries\.0\.verdict: duplicate key \(also at line 7\)"):
+        load(path)
+    path.write_text("subsystem: x\nsources: [s\nentries: []\n")
+    with pytest.raises(ValueError, match=r"x\.yaml:[0-9]+: malformed YAML"):
+        load(path)
 
 
 def _claims(rules: RuleSet, e: Entry) -> list[tuple[str, FindingKind]]:

@@ -37,6 +37,18 @@ def test_a_line_renders_in_either_style(tmp_path: Path) -> None:
         load(path)
 
 
+def test_a_key_written_twice_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    """YAML keeps the last of two equal keys without a word: an entry's second `verdict:` would silently win."""
+    path = tmp_path / "x.yaml"
+    path.write_text("printer: x\nsources: [s]\nentries:\n  - source: s\n    format: f\n    verdict: nccl\n"
+                    "    verdict: benign\n    why: w\n")
+    with pytest.raises(ValueError, match=r"x\.yaml:7: entries\.0\.verdict: duplicate key \(also at line 6\)"):
+        load(path)
+    path.write_text("printer: x\nsources: [s\nentries: []\n")
+    with pytest.raises(ValueError, match=r"x\.yaml:[0-9]+: malformed YAML"):
+        load(path)
+
+
 def _claims(e: Entry) -> list[tuple[str, str, str]]:
     return [(h.klass, h.tier, h.rule) for h in judge_line(e.line)]
 

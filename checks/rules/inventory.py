@@ -41,6 +41,8 @@ from typing import Any, Literal
 
 import yaml
 
+from robustd import yamlpos
+
 INVENTORY_DIR = Path(__file__).with_name("inventory")
 VERDICTS = ("fault", "resolved", "benign")
 _SPEC = re.compile(r"%(?P<flags>[-+ #0]*)(?P<width>\*|[0-9]+)?(?:\.(?P<prec>\*|[0-9]+))?"
@@ -127,9 +129,22 @@ def _take(values: list[Any], fmt: str, m: re.Match[str]) -> Any:
     return values.pop(0)
 
 
+def read_yaml(path: Path) -> Any:
+    """`path`'s YAML document, read through robustd/yamlpos.py as the kernel and triage rules are: a key written
+    twice in one mapping (YAML keeps the last without a word, so an entry's second `verdict:` or `format:`
+    would silently replace the first) and malformed YAML are a ValueError naming the file and the lines."""
+    try:
+        _root, data, twice = yamlpos.load(path.read_text(encoding="utf-8"), str(path))
+    except yaml.YAMLError as e:
+        raise ValueError(yamlpos.malformed(e, str(path))) from None
+    if twice:
+        raise ValueError("; ".join(twice))
+    return data
+
+
 def load(path: Path) -> Inventory:
     """One inventory file; ValueError naming the file and entry on a bad one."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list) or not data.get("subsystem"):
         raise ValueError(f"{path}: needs `subsystem:`, `sources:` and a list of `entries:`")
     inv = Inventory(subsystem=str(data["subsystem"]), sources=[str(s) for s in data.get("sources") or []])

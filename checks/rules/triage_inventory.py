@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from checks.rules.inventory import read_yaml
 from checks.rules.inventory import render as render_printf
 from robustd.triage.model import CLASSES, LogText
 from robustd.triage.rules import RuleSet, shipped
@@ -81,7 +80,7 @@ def judge_line(line: str, rules: RuleSet | None = None) -> list[Hit]:
 
 def load(path: Path) -> list[Entry]:
     """One inventory file's entries; ValueError naming the file and entry on a bad one."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path)
     if not isinstance(data, dict) or not data.get("printer") or not isinstance(data.get("entries"), list) \
             or not data.get("sources"):
         raise ValueError(f"{path}: needs `printer:`, `sources:` and a list of `entries:`")
