@@ -108,6 +108,10 @@ class Slurm:
                            "--format", "%N|%P|%E"])
         return parse_rows(text)
 
+    def hostnames(self, nodelist: str) -> list[str]:
+        """`scontrol show hostnames LIST`: a job's node list (`gpu[1-3,7]`) expanded, in Slurm's order."""
+        return parse_hostnames(self._call([self.scontrol, "show", "hostnames", nodelist]))
+
     def drain(self, name: str, reason: str) -> None:
         self._call([self.scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"])
 
@@ -193,3 +197,8 @@ def parse_rows(text: str) -> list[tuple[str, str, str]]:
         reason = reason.strip()
         rows.append((node.strip(), part.strip().rstrip("*"), "" if reason == "none" else reason))
     return rows
+
+
+def parse_hostnames(text: str) -> list[str]:
+    """One node name a line; blank lines skipped, each name once."""
+    return list(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))

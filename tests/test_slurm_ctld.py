@@ -1,0 +1,210 @@
+"""The controller hooks' decisions (robustd/adapters/slurm/ctld.py) on plain data: which job ends are diagnosed,
+which nodes are held, drained and released, and the ownership rules (issue 29). Pure: no Slurm, no daemon."""
+
+from __future__ import annotations
+
+import pytest
+
+from robustd.adapters.slurm.config import SlurmConfig
+from robustd.adapters.slurm.ctld import (
+    Finding,
+    JobEnd,
+    Step,
+    TriageSummary,
+    findings,
+    gate,
+    hold_reason,
+    holds,
+    job_end,
+    preflight,
+    settle,
+)
+from robustd.adapters.slurm.model import NodeView
+from robustd.adapters.slurm.slurmcli import parse_hostnames
+from robustd.fleet.diagnosis import Suspect
+
+CFG = SlurmConfig()
+NOW = 1_700_000_000.0
+NODES = ("n1", "n2", "n3")
+
+
+def idle(name: str, part: str = "gpu") -> NodeView:
+    return NodeView(name, "IDLE", partitions=(part,))
+
+
+def held(name: str, job: str = "42", part: str = "gpu") -> NodeView:
+    return NodeView(name, "IDLE", frozenset({"DRAIN"}), hold_reason(CFG, job), (part,))
+
+
+def failed(nodes: tuple[str, ...] = NODES) -> JobEnd:
+    return JobEnd("42", True, nodes)
+
+
+def steps(actions: list) -> dict[str, Step]:
+    return {a.node: a.step for a in actions}
+
+
+def rows(n: int, part: str = "gpu", reason: str = "") -> list[tuple[str, str, str]]:
+    return [(f"n{i}", part, reason) for i in range(1, n + 1)]
+
+
+# --- the environment --------------------------------------------------------------------------------------
+
+def test_the_job_end_reads_the_exit_codes_as_the_node_epilog_and_expands_the_node_list() -> None:
+    asked = []
+
+    def expand(text: str) -> list[str]:
+        asked.append(text)
+        return ["n1", "n2", "n3", "n2"]
+
+    j = job_end({"SLURM_JOB_ID": "42", "SLURM_JOB_EXIT_CODE": "256", "SLURM_JOB_NODELIST": "n[1-3]"}, expand)
+    assert j == JobEnd("42", True, NODES) and asked == ["n[1-3]"]
+    assert job_end({"SLURM_JOB_EXIT_CODE2": "0:0", "SLURM_JOB_NODELIST": "n1"}, lambda _: ["n1"]).failed is False
+    assert job_end({"SLURM_JOB_EXIT_CODE2": "0:9", "SLURM_JOB_NODELIST": "n1"}, lambda _: ["n1"]).failed is True
+    j = job_end({}, expand)
+    assert j.failed is None and j.nodes == () and j.job == "?" and len(asked) == 1  # nothing to expand
+
+
+def test_scontrol_show_hostnames_output_is_one_name_a_line() -> None:
+    assert parse_hostnames("n1\nn2\n\n n3 \nn2\n") == ["n1", "n2", "n3"]
+
+
+# --- the gate -------------------------------------------------------------------------------------------
+
+def test_a_failed_multi_node_job_without_triage_is_diagnosed_as_infra_unknown() -> None:
+    ok, why = gate(failed(), None)
+    assert ok and "infra unknown" in why
+
+
+@pytest.mark.parametrize("klass", ["user_code", "oom_gpu", "oom_host"])
+def test_user_code_and_out_of_memory_are_never_diagnosed(klass: str) -> None:
+    ok, why = gate(failed(), TriageSummary(klass, "unknown", "diagnose"))
+    assert not ok and klass in why
+
+
+@pytest.mark.parametrize("infra, nxt, expected", [("likely", "diagnose", True), ("unknown", "diagnose", True),
+                                                  ("unlikely", "diagnose", False), ("likely", "restart", False)])
+def test_the_triage_verdict_decides_as_in_the_node_epilog(infra: str, nxt: str, expected: bool) -> None:
+    ok, why = gate(failed(), TriageSummary("nccl", infra, nxt, source="node n2"))
+    assert ok is expected and "triage (node n2) says nccl" in why
+
+
+def test_single_node_successful_and_unknown_jobs_are_not_the_controllers() -> None:
+    assert gate(failed(("n1",)), None) == (False, "job 42 ran on 1 node: the node epilog diagnoses it")
+    assert not gate(JobEnd("42", False, NODES), None)[0]
+    assert not gate(JobEnd("42", None, NODES), None)[0]
+    assert not gate(failed(()), None)[0]
+
+
+# --- the hold -------------------------------------------------------------------------------------------
+
+def test_nodes_nobody_owns_are_held_with_the_job_in_the_reason() -> None:
+    acts = holds(CFG, failed(), {n: idle(n) for n in NODES})
+    assert steps(acts) == {n: Step.HOLD for n in NODES}
+    assert {a.reason for a in acts} == {"robustd: diagnosing after job 42"}
+
+
+def test_someone_elses_drain_robustds_own_and_unknown_nodes_are_not_held() -> None:
+    views = {"n1": NodeView("n1", "IDLE", frozenset({"DRAIN"}), "operator: cable swap", ("gpu",)),
+             "n2": NodeView("n2", "IDLE", frozenset({"DRAIN"}), "robustd: XID_79 on gpu0", ("gpu",)),
+             "n3": None,
+             "n4": NodeView("n4", "DOWN", frozenset(), "Not responding", ("gpu",)),
+             "n5": idle("n5")}
+    acts = holds(CFG, failed(("n1", "n2", "n3", "n4", "n5")), views)
+    assert steps(acts) == {"n1": Step.LEAVE, "n2": Step.LEAVE, "n3": Step.LEAVE, "n4": Step.LEAVE,
+                           "n5": Step.HOLD}
+    assert "someone else" in acts[0].note and "operator: cable swap" in acts[0].note
+
+
+def test_the_prefix_is_the_configured_one() -> None:
+    cfg = SlurmConfig(reason_prefix="[rd]")
+    assert holds(cfg, failed(("n1", "n2")), {"n1": idle("n1"), "n2": idle("n2")})[0].reason == \
+        "[rd] diagnosing after job 42"
+
+
+# --- after the diagnosis ----------------------------------------------------------------------------------
+
+def test_the_culprit_is_drained_and_the_others_released() -> None:
+    found = [Finding("n3", "host", "pairs: slow in every pair (1.2 GB/s against 40 GB/s)")]
+    acts = settle(CFG, "42", NODES, "FAIL", found, {n: held(n) for n in NODES}, rows(16), NOW)
+    assert steps(acts) == {"n1": Step.RELEASE, "n2": Step.RELEASE, "n3": Step.DRAIN}
+    assert acts[2].reason == "robustd: job 42 diagnosis FAIL: pairs: slow in every pair (1.2 GB/s against 40 GB/s)"
+
+
+def test_a_healthy_diagnosis_releases_every_held_node() -> None:
+    acts = settle(CFG, "42", NODES, "PASS", [], {n: held(n) for n in NODES}, rows(3), NOW)
+    assert steps(acts) == {n: Step.RELEASE for n in NODES}
+
+
+@pytest.mark.parametrize("outcome", [None, "ERROR"])
+def test_a_diagnosis_that_could_not_run_releases_everything_held(outcome: str | None) -> None:
+    found = [Finding("n3", "host", "would be blamed")] if outcome is None else []
+    acts = settle(CFG, "42", NODES, outcome, found, {n: held(n) for n in NODES}, rows(3), NOW,
+                  why_not="no TLS certificate")
+    assert steps(acts) == {n: Step.RELEASE for n in NODES}
+    if outcome is None:
+        assert "could not run (no TLS certificate)" in acts[0].note
+
+
+def test_an_unreachable_node_is_released_never_drained_for_it() -> None:
+    found = [Finding("n2", "unreachable", "connection refused")]
+    acts = settle(CFG, "42", NODES, "ERROR", found, {n: held(n) for n in NODES}, rows(3), NOW)
+    assert steps(acts) == {n: Step.RELEASE for n in NODES}
+    assert "did not answer" in acts[1].note
+
+
+def test_a_node_changed_during_the_diagnosis_is_left_as_it_is() -> None:
+    views = {"n1": NodeView("n1", "IDLE", frozenset({"DRAIN"}), "operator: taking it", ("gpu",)),
+             "n2": idle("n2"),  # someone resumed it
+             "n3": held("n3", job="43"),  # another job's hold (shared nodes)
+             "n4": None}
+    found = [Finding(n, "host", "bad") for n in ("n1", "n2", "n3", "n4")]
+    acts = settle(CFG, "42", ("n1", "n2", "n3", "n4"), "FAIL", found, views, rows(40), NOW)
+    assert steps(acts) == {n: Step.LEAVE for n in ("n1", "n2", "n3", "n4")}
+
+
+def test_only_the_nodes_this_hook_held_are_settled() -> None:
+    acts = settle(CFG, "42", ("n1", "n2"), "FAIL", [Finding("n3", "host", "bad")],
+                  {n: held(n) for n in NODES}, rows(40), NOW)
+    assert steps(acts) == {"n1": Step.RELEASE, "n2": Step.RELEASE}
+
+
+def test_both_ends_of_a_bad_link_are_drained() -> None:
+    found = [Finding("n1", "link", "slow pair", ("n2",))]
+    acts = settle(CFG, "42", NODES, "FAIL", found, {n: held(n) for n in NODES}, rows(40), NOW)
+    assert steps(acts) == {"n1": Step.DRAIN, "n2": Step.DRAIN, "n3": Step.RELEASE}
+    assert "link n1-n2" in acts[0].reason
+
+
+def test_the_breaker_applies_to_the_final_drains_not_to_the_holds() -> None:
+    # 10 nodes: allowance max(1, floor(0.1 x 10)) = 1. The three holds carry robustd's prefix but do not count.
+    part = rows(10)
+    part[:3] = [(n, "gpu", hold_reason(CFG, "42")) for n in NODES]
+    found = [Finding("n2", "host", "bad"), Finding("n3", "host", "bad too")]
+    acts = settle(CFG, "42", NODES, "FAIL", found, {n: held(n) for n in NODES}, part, NOW)
+    assert steps(acts) == {"n1": Step.RELEASE, "n2": Step.DRAIN, "n3": Step.RELEASE}
+    assert "SLURM_DRAIN_SUPPRESSED" in acts[2].note
+    # A robustd drain elsewhere in the partition already uses the allowance: no drain at all.
+    part[5] = ("n6", "gpu", "robustd: XID_79 on gpu0")
+    acts = settle(CFG, "42", NODES, "FAIL", found[:1], {n: held(n) for n in NODES}, part, NOW)
+    assert steps(acts)["n2"] is Step.RELEASE
+
+
+def test_suspects_are_mapped_from_the_dialled_targets_to_node_names() -> None:
+    node_of = {"10.0.0.1:7070": "n1", "10.0.0.2:7070": "n2"}
+    got = findings([Suspect("10.0.0.1:7070", "link", "slow", ("10.0.0.2:7070",)),
+                    Suspect("10.0.0.9:7070", "unreachable", "refused")], node_of)
+    assert got == [Finding("n1", "link", "slow", ("n2",)), Finding("10.0.0.9:7070", "unreachable", "refused")]
+
+
+# --- preflight --------------------------------------------------------------------------------------------
+
+def test_preflight_drains_a_suspect_in_service_and_fails_open_otherwise() -> None:
+    views = {n: NodeView(n, "ALLOCATED", partitions=("gpu",)) for n in NODES}
+    acts = preflight(CFG, "42", "FAIL", [Finding("n3", "host", "slow")], views, rows(16), NOW)
+    assert steps(acts) == {"n3": Step.DRAIN} and acts[0].reason == "robustd: job 42 preflight FAIL: slow"
+    assert preflight(CFG, "42", None, [Finding("n3", "host", "slow")], views, rows(16), NOW) == []
+    assert preflight(CFG, "42", "PASS", [], views, rows(16), NOW) == []
+    views["n3"] = NodeView("n3", "ALLOCATED", frozenset({"DRAIN"}), "operator", ("gpu",))
+    assert steps(preflight(CFG, "42", "FAIL", [Finding("n3", "host", "slow")], views, rows(16), NOW)) == \
+        {"n3": Step.LEAVE}
