@@ -208,3 +208,78 @@ def test_preflight_drains_a_suspect_in_service_and_fails_open_otherwise() -> Non
     views["n3"] = NodeView("n3", "ALLOCATED", frozenset({"DRAIN"}), "operator", ("gpu",))
     assert steps(preflight(CFG, "42", "FAIL", [Finding("n3", "host", "slow")], views, rows(16), NOW)) == \
         {"n3": Step.LEAVE}
+
+
+# --- the epilog-ctld skeleton with a fake Slurm and a fake diagnosis ---------------------------------------
+
+class FakeSlurm:
+    def __init__(self, views: dict[str, NodeView]):
+        self.views = dict(views)
+        self.calls: list[tuple[str, str]] = []
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        return sorted(self.views)
+
+    def node(self, name: str) -> NodeView:
+        return self.views[name]
+
+    def partition_rows(self, parts: list[str]) -> list[tuple[str, str, str]]:
+        return [(v.name, p, v.reason) for v in self.views.values() for p in v.partitions if p in parts] + \
+            [(f"x{i}", "gpu", "") for i in range(20)]
+
+    def drain(self, name: str, reason: str) -> None:
+        self.calls.append(("drain", name))
+        v = self.views[name]
+        self.views[name] = NodeView(name, v.state, v.flags | {"DRAIN"}, reason, v.partitions)
+
+    def resume(self, name: str) -> None:
+        self.calls.append(("resume", name))
+        v = self.views[name]
+        self.views[name] = NodeView(name, v.state, v.flags - {"DRAIN"}, "", v.partitions)
+
+
+ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_EXIT_CODE": "256", "SLURM_JOB_NODELIST": "n[1-3]"}
+
+
+def test_epilog_ctld_holds_diagnoses_drains_the_culprit_and_releases_the_rest() -> None:
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+    from robustd.fleet.diagnosis import Diagnosis
+
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+    seen = {}
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen.update(kw, hosts=[t.host for t in targets],
+                    held=sorted(n for n, v in slurm.views.items() if v.reason == hold_reason(CFG, "42")))
+        return Diagnosis("r1", [], [], suspects=[Suspect("n3:7070", "host", "slow")])
+
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, now=lambda: NOW) == 0
+    assert seen["hosts"] == ["n1:7070", "n2:7070", "n3:7070"] and seen["held"] == list(NODES)
+    assert seen["level"] == "quick" and seen["run_id"] == "slurm-job-42"
+    assert slurm.views["n3"].reason == "robustd: job 42 diagnosis FAIL: slow"
+    assert [slurm.views[n].flags for n in ("n1", "n2")] == [frozenset(), frozenset()]
+
+
+def test_epilog_ctld_releases_every_hold_when_the_diagnosis_raises_and_leaves_an_operators_node() -> None:
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+
+    views = {n: idle(n) for n in NODES}
+    views["n1"] = NodeView("n1", "IDLE", frozenset({"DRAIN"}), "operator: cable", ("gpu",))
+    slurm = FakeSlurm(views)
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        raise ValueError("no daemon")
+
+    assert epilog_ctld(CFG, ENV, slurm, diagnose) == 0
+    assert slurm.calls == [("drain", "n2"), ("drain", "n3"), ("resume", "n2"), ("resume", "n3")]
+    assert slurm.views["n1"].reason == "operator: cable"
+
+
+def test_epilog_ctld_does_nothing_for_user_code_or_a_single_node_job() -> None:
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+    assert epilog_ctld(CFG, ENV, slurm, None, triage=lambda _j: TriageSummary("user_code", "unlikely", "none")) == 0
+    slurm1 = FakeSlurm({"n1": idle("n1")})
+    assert epilog_ctld(CFG, ENV, slurm1, None) == 0
+    assert slurm.calls == slurm1.calls == []

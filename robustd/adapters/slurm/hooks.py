@@ -113,6 +113,8 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
     setup_logging(verb)
     from robustd.config import ConfigError
 
+    if verb in ("epilog-ctld", "prolog-ctld"):
+        return _ctld(verb, config_path, os.environ if env is None else env)
     try:
         hook = Hook(verb, config_path, socket, rpc_timeout)
     except ConfigError as e:
@@ -130,6 +132,38 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
         return epilog(hook, os.environ if env is None else env)
     except _OutOfTime:
         log.error("did not finish within %.0fs; changing nothing more", hook.budget)
+        return EXIT_OK
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _ctld(verb: str, config_path: str, env: Mapping[str, str]) -> int:
+    """The controller's hooks (robustd/adapters/slurm/ctld_hook.py); fail open, exit 0 whatever happens."""
+    from robustd.config import ConfigError
+
+    try:
+        cfg: SlurmConfig = load_settings(config_path, SCHEMA).section("slurm")
+    except ConfigError as e:
+        log.error("invalid config %s; holding nothing:\n%s", config_path, e)
+        return EXIT_OK
+    if verb == "prolog-ctld":
+        log.info("prolog-ctld is not built yet (issue 29): letting the job start")
+        return EXIT_OK
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+    from robustd.fleet.diagnose import diagnose
+
+    budget = cfg.ctld.timeout + 30
+    slurm = Slurm(cfg.scontrol, cfg.sinfo, cfg.command_timeout)
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(int(budget) + 3)
+    try:
+        return epilog_ctld(cfg, env, slurm, diagnose)
+    except _OutOfTime:
+        log.error("did not finish within %.0fs; nodes still held keep robustd's hold reason", budget)
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001 - EpilogSlurmctld fails open
+        log.error("%s: %s; changing nothing more", type(e).__name__, e)
         return EXIT_OK
     finally:
         signal.alarm(0)
