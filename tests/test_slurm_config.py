@@ -57,7 +57,7 @@ BAD = [
      "at most 32"),
     ("slurm:\n  ctld:\n    port: 0\n", "slurm.ctld.port", 3, "greater than or equal to 1"),
     ("slurm:\n  ctld:\n    rendezvous_port: 70000\n", "slurm.ctld.rendezvous_port", 3, "less than or equal to 65535"),
-    ("slurm:\n  ctld:\n    tls_cert: certs/ctld.pem\n", "slurm.ctld.tls_cert", 3, "absolute"),
+    ("slurm:\n  ctld:\n    tls_cert: ''\n    tls_key: /k.pem\n", "slurm.ctld.tls_cert", 3, "empty path names no file"),
     ("slurm:\n  ctld:\n    tls_cert: /etc/robustd/ctld.pem\n", "slurm.ctld", 2, "tls_cert and tls_key go together"),
     ("slurm:\n  ctld:\n    level: thorough\n", "slurm.ctld.level", 3, "not a level"),
     ("slurm:\n  ctld:\n    preflight: on\n", "slurm.ctld.preflight", 3, "valid string"),
