@@ -1,5 +1,7 @@
 """The controller hooks' decisions (robustd/adapters/slurm/ctld.py) on plain data: which job ends are diagnosed,
-which nodes are held, drained and released, and the ownership rules (issue 29). Pure: no Slurm, no daemon."""
+which nodes are held, drained and released, and the ownership rules (issue 29); and the hooks themselves
+(ctld_hook.py) driven with a fake Slurm and a fake diagnosis. No Slurm, no daemon: the real cluster is
+tests/test_slurm_ctld_cluster.py."""
 
 from __future__ import annotations
 
@@ -230,12 +232,12 @@ class FakeSlurm:
     def drain(self, name: str, reason: str) -> None:
         self.calls.append(("drain", name))
         v = self.views[name]
-        self.views[name] = NodeView(name, v.state, v.flags | {"DRAIN"}, reason, v.partitions)
+        self.views[name] = NodeView(name, v.state, v.flags | {"DRAIN"}, reason, v.partitions, v.addr)
 
     def resume(self, name: str) -> None:
         self.calls.append(("resume", name))
         v = self.views[name]
-        self.views[name] = NodeView(name, v.state, v.flags - {"DRAIN"}, "", v.partitions)
+        self.views[name] = NodeView(name, v.state, v.flags - {"DRAIN"}, "", v.partitions, v.addr)
 
 
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_EXIT_CODE": "256", "SLURM_JOB_NODELIST": "n[1-3]"}
@@ -279,7 +281,125 @@ def test_epilog_ctld_does_nothing_for_user_code_or_a_single_node_job() -> None:
     from robustd.adapters.slurm.ctld_hook import epilog_ctld
 
     slurm = FakeSlurm({n: idle(n) for n in NODES})
-    assert epilog_ctld(CFG, ENV, slurm, None, triage=lambda _j: TriageSummary("user_code", "unlikely", "none")) == 0
+    assert epilog_ctld(CFG, ENV, slurm, None,
+                       triage=lambda _j, _t: TriageSummary("user_code", "unlikely", "none")) == 0
     slurm1 = FakeSlurm({"n1": idle("n1")})
     assert epilog_ctld(CFG, ENV, slurm1, None) == 0
     assert slurm.calls == slurm1.calls == []
+
+
+def test_epilog_ctld_dials_each_node_at_its_node_addr_and_gives_the_triage_the_targets() -> None:
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+    from robustd.fleet.diagnosis import Diagnosis
+
+    addrs = {"n1": "10.0.0.1", "n2": "fd00::2", "n3": ""}  # NodeAddr as scontrol shows it; none: the name
+    slurm = FakeSlurm({n: NodeView(n, "IDLE", partitions=("gpu",), addr=a) for n, a in addrs.items()})
+    seen: dict = {}
+
+    def triage(job, targets):  # noqa: ANN001, ANN202
+        seen["triage"] = list(targets)
+        return TriageSummary("nccl", "likely", "diagnose")
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen["targets"] = [(t.host, t.addr) for t in targets]
+        return Diagnosis("r1", [], [], suspects=[Suspect("[fd00::2]:7070", "host", "slow")])
+
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, triage=triage, now=lambda: NOW) == 0
+    assert seen["triage"] == [("n1", "10.0.0.1:7070"), ("n2", "[fd00::2]:7070"), ("n3", "n3:7070")]
+    assert seen["targets"] == [("10.0.0.1:7070", "10.0.0.1"), ("[fd00::2]:7070", "fd00::2"), ("n3:7070", "n3")]
+    assert slurm.views["n2"].reason == "robustd: job 42 diagnosis FAIL: slow"  # the suspect mapped back to n2
+    assert slurm.views["n1"].flags == slurm.views["n3"].flags == frozenset()
+
+
+def test_epilog_ctld_holds_nothing_when_its_tls_files_cannot_be_read(tmp_path, caplog) -> None:  # noqa: ANN001
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+
+    cfg = SlurmConfig.model_validate({"ctld": {"tls_ca": str(tmp_path / "ca.pem"), "tls_cert": str(tmp_path / "c.pem"),
+                                               "tls_key": str(tmp_path / "c.key")}})
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+    with caplog.at_level("INFO", logger="robustd.slurm"):
+        assert epilog_ctld(cfg, ENV, slurm, lambda *a, **k: pytest.fail("diagnosed")) == 0
+    assert slurm.calls == []
+    assert f"slurm.ctld.tls_ca {tmp_path / 'ca.pem'}: cannot read it" in caplog.text
+    assert "holding nothing" in caplog.text
+
+
+def test_epilog_ctld_stopped_half_way_releases_its_holds() -> None:
+    """The budget's alarm (a BaseException) during the diagnosis: the holds are released on the way out."""
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+
+    class Alarm(BaseException):
+        pass
+
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        raise Alarm
+
+    with pytest.raises(Alarm):
+        epilog_ctld(CFG, ENV, slurm, diagnose)
+    assert slurm.calls == [("drain", n) for n in NODES] + [("resume", n) for n in NODES]
+    assert all(v.flags == frozenset() for v in slurm.views.values())
+
+
+def test_epilog_ctld_gives_the_diagnosis_what_is_left_of_its_timeout() -> None:
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+    from robustd.fleet.diagnosis import Diagnosis
+
+    t = [100.0]
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+    seen = {}
+
+    def triage(job, targets):  # noqa: ANN001, ANN202
+        t[0] += 40  # the triage took 40 s of the 300
+        return None
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen.update(kw)
+        return Diagnosis("r1", [], [])
+
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, triage=triage, monotonic=lambda: t[0]) == 0
+    assert seen["timeout"] == pytest.approx(CFG.ctld.timeout - 40)
+    assert [c for c in slurm.calls if c[0] == "resume"] == [("resume", n) for n in NODES]
+
+
+PCFG = SlurmConfig.model_validate({"ctld": {"preflight": "quick"}})
+
+
+def test_prolog_ctld_drains_a_suspect_and_asks_slurm_to_requeue_the_job() -> None:
+    from robustd.adapters.slurm.ctld_hook import prolog_ctld
+    from robustd.fleet.diagnosis import Diagnosis
+
+    slurm = FakeSlurm({n: NodeView(n, "ALLOCATED", partitions=("gpu",)) for n in NODES})
+    seen = {}
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen.update(kw)
+        return Diagnosis("r1", [], [], suspects=[Suspect("n3:7070", "host", "bus bandwidth 0.001 GB/s")])
+
+    assert prolog_ctld(PCFG, ENV, slurm, diagnose, now=lambda: NOW) == 1
+    assert seen["level"] == "quick" and seen["timeout"] == 60 and seen["run_id"] == "slurm-job-42-preflight"
+    assert slurm.calls == [("drain", "n3")]
+    assert slurm.views["n3"].reason == "robustd: job 42 preflight FAIL: bus bandwidth 0.001 GB/s"
+
+
+@pytest.mark.parametrize("case", ["healthy", "raises", "off", "one node"])
+def test_prolog_ctld_lets_the_job_start_unless_it_drained_a_node(case: str) -> None:
+    from robustd.adapters.slurm.ctld_hook import prolog_ctld
+    from robustd.fleet.diagnosis import Diagnosis
+
+    slurm = FakeSlurm({n: NodeView(n, "ALLOCATED", partitions=("gpu",)) for n in NODES})
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        if case == "raises":
+            raise ValueError("cannot read TLS file")
+        if case in ("off", "one node"):
+            pytest.fail("diagnosed")
+        return Diagnosis("r1", [], [])
+
+    cfg = CFG if case == "off" else PCFG
+    env = {**ENV, "SLURM_JOB_NODELIST": "n1"} if case == "one node" else ENV
+    if case == "one node":
+        slurm.hostnames = lambda _list: ["n1"]  # type: ignore[method-assign]
+    assert prolog_ctld(cfg, env, slurm, diagnose) == 0
+    assert slurm.calls == []

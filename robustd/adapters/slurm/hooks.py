@@ -139,7 +139,8 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
 
 
 def _ctld(verb: str, config_path: str, env: Mapping[str, str]) -> int:
-    """The controller's hooks (robustd/adapters/slurm/ctld_hook.py); fail open, exit 0 whatever happens."""
+    """The controller's hooks (robustd/adapters/slurm/ctld_hook.py): fail open, and exit 0 whatever happens,
+    but for prolog-ctld's 1 when its preflight drained a suspect (Slurm then requeues the job)."""
     from robustd.config import ConfigError
 
     try:
@@ -147,22 +148,27 @@ def _ctld(verb: str, config_path: str, env: Mapping[str, str]) -> int:
     except ConfigError as e:
         log.error("invalid config %s; holding nothing:\n%s", config_path, e)
         return EXIT_OK
-    if verb == "prolog-ctld":
-        log.info("prolog-ctld is not built yet (issue 29): letting the job start")
-        return EXIT_OK
-    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+    from robustd.adapters.slurm import ctld_hook
+    from robustd.adapters.slurm.ctld_triage import TRIAGE_WAIT, job_triage
     from robustd.fleet.diagnose import diagnose
 
-    budget = cfg.ctld.timeout + 30
+    epilog = verb == "epilog-ctld"
+    budget = (cfg.ctld.timeout if epilog else cfg.ctld.preflight_timeout) + 30
     slurm = Slurm(cfg.scontrol, cfg.sinfo, cfg.command_timeout)
+    slurm.deadline = time.monotonic() + budget
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(int(budget) + 3)
     try:
-        return epilog_ctld(cfg, env, slurm, diagnose)
+        if not epilog:
+            return ctld_hook.prolog_ctld(cfg, env, slurm, diagnose)
+        wait = min(TRIAGE_WAIT, cfg.ctld.timeout / 5)
+        return ctld_hook.epilog_ctld(
+            cfg, env, slurm, diagnose,
+            triage=lambda job, targets: job_triage(cfg, slurm, env, job, targets, time.monotonic() + wait))
     except _OutOfTime:
-        log.error("did not finish within %.0fs; nodes still held keep robustd's hold reason", budget)
+        log.error("did not finish within %.0fs; changing nothing more", budget)
         return EXIT_OK
-    except Exception as e:  # noqa: BLE001 - EpilogSlurmctld fails open
+    except Exception as e:  # noqa: BLE001 - the controller's hooks fail open
         log.error("%s: %s; changing nothing more", type(e).__name__, e)
         return EXIT_OK
     finally:
@@ -264,6 +270,8 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
         return EXIT_OK
     if not failed:
         return EXIT_OK
+    if hook.cfg.ctld.epilog and (nodes := job_nodes(hook, env)) >= 2:
+        return defer_to_ctld(hook, env, job, nodes)
     verdict = epilog_triage(hook, env, job) if hook.cfg.triage else None
     if verdict is not None and not worth_diagnosing(verdict):
         log.warning("job %s: not diagnosing: triage says %s (infra %s, next %s)", job, verdict.klass, verdict.infra,
@@ -302,6 +310,48 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def job_nodes(hook: Hook, env: Mapping[str, str]) -> int:
+    """How many nodes the job ran on: SLURM_JOB_NODELIST (one plain name is one node; a list or range is
+    expanded by `scontrol show hostnames`), else 1 (the node epilog then does what it does for one node)."""
+    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    if not nodelist:
+        return 1
+    if not re.search(r"[\[,]", nodelist):
+        return 1
+    try:
+        return len(hook.slurm.hostnames(nodelist))
+    except SlurmError as e:
+        log.warning("cannot expand SLURM_JOB_NODELIST %r: %s; taken as one node", nodelist[:200], e)
+        return 1
+
+
+def defer_to_ctld(hook: Hook, env: Mapping[str, str], job: str, nodes: int) -> int:
+    """A failed multi-node job with the controller's hook on (`slurm.ctld.epilog`): the controller diagnoses
+    the job's nodes together, so this node runs no test of its own (never two runs racing for one node). It
+    still triages what this node can read and leaves the verdict in its robustd (Diagnostics.RecordTriage),
+    where the controller's hook looks when it cannot read the job's output itself."""
+    log.warning("job %s failed on %d nodes: the controller's EpilogSlurmctld diagnoses it (slurm.ctld.epilog); "
+                "no diagnostics here", job, nodes)
+    verdict = None
+    if hook.cfg.triage:  # a verdict only from logs this node read: none is "no log here", not "unknown"
+        try:
+            logs = job_logs(hook.cfg, hook.slurm, env, job)
+        except Exception as e:  # noqa: BLE001 - fail open: the controller then treats infra as unknown
+            log.error("job %s: reading its logs failed (%s: %s)", job, type(e).__name__, e)
+            logs = []
+        verdict = epilog_triage(hook, env, job, logs) if logs else None
+        if not logs:
+            log.info("job %s: no log of the job readable on this node", job)
+    from robustd.api.triage import response
+
+    try:
+        client.record_triage(hook.socket, job, response(verdict) if verdict is not None else None,
+                             max(0.1, min(hook.rpc_timeout, hook.remaining())))
+    except client.Unreachable as e:
+        log.warning("job %s: triage verdict not left for the controller: %s", job, e)
+    return EXIT_OK
+
+
 # --- the epilog's triage ---------------------------------------------------------------------------------
 
 NO_DIAGNOSIS = frozenset({"user_code", "oom_gpu", "oom_host"})  # never a reason to test, let alone drain, a node
@@ -316,7 +366,7 @@ def worth_diagnosing(t: Triage) -> bool:
     return t.klass not in NO_DIAGNOSIS and t.infra in ("likely", "unknown") and t.next == "diagnose"
 
 
-def epilog_triage(hook: Hook, env: Mapping[str, str], job: str) -> Triage | None:
+def epilog_triage(hook: Hook, env: Mapping[str, str], job: str, logs: list[LogText] | None = None) -> Triage | None:
     """Triage the failed job (logged, whatever it says); a hang's leftover processes get their stacks captured.
 
     None when triage itself failed (logged): the epilog then diagnoses as it did before triage existed.
@@ -325,7 +375,8 @@ def epilog_triage(hook: Hook, env: Mapping[str, str], job: str) -> Triage | None
         from robustd.triage import triage
 
         status = job_status(env) or (None, None)
-        logs = job_logs(hook, env, job)
+        if logs is None:
+            logs = job_logs(hook.cfg, hook.slurm, env, job)
         verdict = triage(logs, exit_code=status[0], signal=status[1])
     except Exception as e:  # noqa: BLE001 - fail open: a bug in the judge must not change what the epilog does
         log.error("job %s: triage failed (%s: %s); diagnosing as without triage", job, type(e).__name__, e)
@@ -394,9 +445,11 @@ def expand_path(path: str, job: str, user: str | None) -> str | None:
     return _expand(path, job, user, lambda v: v)
 
 
-def job_logs(hook: Hook, env: Mapping[str, str], job: str) -> list[LogText]:
+def job_logs(cfg: SlurmConfig, slurm: Slurm, env: Mapping[str, str], job: str, max_logs: int = EPILOG_MAX_LOGS,
+             read_bytes: int = EPILOG_READ_BYTES) -> list[LogText]:
     """The failed job's logs, each read from its end: StdOut and StdErr ($SLURM_JOB_STDOUT/STDERR, else
-    `scontrol show job`), then every `slurm.triage_logs` match; at most EPILOG_MAX_LOGS, EPILOG_READ_BYTES in all.
+    `scontrol show job`), then every `slurm.triage_logs` match; at most `max_logs`, `read_bytes` in all.
+    The node epilog and the controller's hook (robustd/adapters/slurm/ctld_triage.py) read them alike.
 
     The epilog runs as root on paths the job's user chose: a log is read only when it is a regular file
     owned by that user (a link to /etc/shadow, a FIFO or a device is skipped, never opened for reading).
@@ -411,7 +464,7 @@ def job_logs(hook: Hook, env: Mapping[str, str], job: str) -> list[LogText]:
     named = [expand_path(p, job, user) for p in given]
     if (not named or None in named) and JOB_ID.fullmatch(job):
         try:
-            info = hook.slurm.job(job)
+            info = slurm.job(job)
             named = [info.get("StdOut", ""), info.get("StdErr", "")]
         except SlurmError as e:
             log.warning("job %s: cannot ask Slurm for its output files: %s", job, e)
@@ -421,17 +474,17 @@ def job_logs(hook: Hook, env: Mapping[str, str], job: str) -> list[LogText]:
         log.warning("job %s: the job's user is unknown (no SLURM_JOB_UID); its logs are not read", job)
         return []
     paths: dict[str, None] = {p: None for p in named if p and p.startswith("/")}
-    for pattern in hook.cfg.triage_logs:
+    for pattern in cfg.triage_logs:
         expanded = expand_pattern(pattern, job, user) if JOB_ID.fullmatch(job) else None
         if expanded is None:
             log.warning("job %s: slurm.triage_logs %r: no job id or user to fill in; skipped", job, pattern)
             continue
-        for path in sorted(itertools.islice(glob.iglob(expanded), 4 * EPILOG_MAX_LOGS)):
+        for path in sorted(itertools.islice(glob.iglob(expanded), 4 * max_logs)):
             paths.setdefault(path, None)
-    if len(paths) > EPILOG_MAX_LOGS:
-        log.warning("job %s: %d logs found; the first %d are read", job, len(paths), EPILOG_MAX_LOGS)
-    chosen = list(paths)[:EPILOG_MAX_LOGS]
-    tail = max(EPILOG_MIN_TAIL, min(MAX_LOG_BYTES, EPILOG_READ_BYTES // max(1, len(chosen))))
+    if len(paths) > max_logs:
+        log.warning("job %s: %d logs found; the first %d are read", job, len(paths), max_logs)
+    chosen = list(paths)[:max_logs]
+    tail = max(min(EPILOG_MIN_TAIL, read_bytes), min(MAX_LOG_BYTES, read_bytes // max(1, len(chosen))))
     logs, seen = [], set()
     for path in chosen:
         got = read_owned(path, tail, uid)

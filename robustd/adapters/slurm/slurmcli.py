@@ -130,7 +130,7 @@ class Slurm:
 
 def parse_node(text: str, name: str) -> NodeView:
     """`scontrol show node NAME` (the multi-line form: the reason, which may hold anything, has its own line)."""
-    state, partitions, reason = "", (), ""
+    state, partitions, reason, addr = "", (), "", ""
     found = False
     for line in text.splitlines():
         stripped = line.strip()
@@ -148,10 +148,12 @@ def parse_node(text: str, name: str) -> NodeView:
                 state = value
             elif key == "Partitions":
                 partitions = tuple(p for p in value.split(",") if p)
+            elif key == "NodeAddr":
+                addr = value
     if not state:
         raise SlurmError(f"scontrol show node {name}: no State in its answer")
     base, flags = parse_state(state)
-    return NodeView(name=name, state=base, flags=flags, reason=reason, partitions=partitions)
+    return NodeView(name=name, state=base, flags=flags, reason=reason, partitions=partitions, addr=addr)
 
 
 _JOB_KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:]*)=")
