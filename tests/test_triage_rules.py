@@ -76,6 +76,14 @@ def test_a_broken_file_names_the_line_and_the_problem(tmp_path: Path, change: tu
     assert expect in problems(tmp_path, text)
 
 
+def test_a_key_written_twice_names_both_lines(tmp_path: Path) -> None:
+    # YAML keeps the last `pattern` silently: the rule would claim what its author did not read in the file.
+    text = GOOD.replace("    pattern:", "    pattern: 'first'\n    pattern:", 1)
+    assert text != GOOD
+    found = problems(tmp_path, text)
+    assert "duplicate key (also at line" in found and ".pattern: duplicate key" in found, found
+
+
 def test_malformed_yaml_and_a_missing_file(tmp_path: Path) -> None:
     assert "rules.yaml:3: malformed YAML" in problems(tmp_path, "gates: [rror]\nclasses:\n  - : :\n bad")
     with pytest.raises(RuleError, match="cannot read triage rules"):

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from robustd import yamlpos
 from robustd.config import ConfigError
 from robustd.triage.model import CLASSES, INFRA, NEXT
 from robustd.yamlpos import where as _where
@@ -182,12 +183,14 @@ def load(path: str = SHIPPED) -> RuleSet:
     """The rule set in `path`, its examples and counter-examples checked; RuleError lists every problem."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-        data = yaml.load(text, Loader=_Loader)
+        _root, data, twice = yamlpos.load(text, path)
     except OSError as e:
         raise RuleError([f"{path}: cannot read triage rules: {e.strerror}"]) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise RuleError([f"{path}:{mark.line + 1 if mark else 1}: malformed YAML: {e}"]) from e
+    if twice:  # YAML keeps the last one silently: a rule would do what its author did not read in the file
+        raise RuleError(twice)
     try:
         spec = RuleFile.model_validate(data)
     except ValidationError as e:
