@@ -240,6 +240,7 @@ class FakeSlurm:
         self.views[name] = NodeView(name, v.state, v.flags - {"DRAIN"}, "", v.partitions, v.addr)
 
 
+ALL_UP = lambda _cfg, _targets: {}  # noqa: E731 - every node's robustd answers
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_EXIT_CODE": "256", "SLURM_JOB_NODELIST": "n[1-3]"}
 
 
@@ -255,7 +256,7 @@ def test_epilog_ctld_holds_diagnoses_drains_the_culprit_and_releases_the_rest() 
                     held=sorted(n for n, v in slurm.views.items() if v.reason == hold_reason(CFG, "42")))
         return Diagnosis("r1", [], [], suspects=[Suspect("n3:7070", "host", "slow")])
 
-    assert epilog_ctld(CFG, ENV, slurm, diagnose, now=lambda: NOW) == 0
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, now=lambda: NOW, probe=ALL_UP) == 0
     assert seen["hosts"] == ["n1:7070", "n2:7070", "n3:7070"] and seen["held"] == list(NODES)
     assert seen["level"] == "quick" and seen["run_id"] == "slurm-job-42"
     assert slurm.views["n3"].reason == "robustd: job 42 diagnosis FAIL: slow"
@@ -272,7 +273,7 @@ def test_epilog_ctld_releases_every_hold_when_the_diagnosis_raises_and_leaves_an
     def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
         raise ValueError("no daemon")
 
-    assert epilog_ctld(CFG, ENV, slurm, diagnose) == 0
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, probe=ALL_UP) == 0
     assert slurm.calls == [("drain", "n2"), ("drain", "n3"), ("resume", "n2"), ("resume", "n3")]
     assert slurm.views["n1"].reason == "operator: cable"
 
@@ -282,9 +283,9 @@ def test_epilog_ctld_does_nothing_for_user_code_or_a_single_node_job() -> None:
 
     slurm = FakeSlurm({n: idle(n) for n in NODES})
     assert epilog_ctld(CFG, ENV, slurm, None,
-                       triage=lambda _j, _t: TriageSummary("user_code", "unlikely", "none")) == 0
+                       triage=lambda _j, _t: TriageSummary("user_code", "unlikely", "none"), probe=ALL_UP) == 0
     slurm1 = FakeSlurm({"n1": idle("n1")})
-    assert epilog_ctld(CFG, ENV, slurm1, None) == 0
+    assert epilog_ctld(CFG, ENV, slurm1, None, probe=ALL_UP) == 0
     assert slurm.calls == slurm1.calls == []
 
 
@@ -304,7 +305,7 @@ def test_epilog_ctld_dials_each_node_at_its_node_addr_and_gives_the_triage_the_t
         seen["targets"] = [(t.host, t.addr) for t in targets]
         return Diagnosis("r1", [], [], suspects=[Suspect("[fd00::2]:7070", "host", "slow")])
 
-    assert epilog_ctld(CFG, ENV, slurm, diagnose, triage=triage, now=lambda: NOW) == 0
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, triage=triage, now=lambda: NOW, probe=ALL_UP) == 0
     assert seen["triage"] == [("n1", "10.0.0.1:7070"), ("n2", "[fd00::2]:7070"), ("n3", "n3:7070")]
     assert seen["targets"] == [("10.0.0.1:7070", "10.0.0.1"), ("[fd00::2]:7070", "fd00::2"), ("n3:7070", "n3")]
     assert slurm.views["n2"].reason == "robustd: job 42 diagnosis FAIL: slow"  # the suspect mapped back to n2
@@ -318,7 +319,7 @@ def test_epilog_ctld_holds_nothing_when_its_tls_files_cannot_be_read(tmp_path, c
                                                "tls_key": str(tmp_path / "c.key")}})
     slurm = FakeSlurm({n: idle(n) for n in NODES})
     with caplog.at_level("INFO", logger="robustd.slurm"):
-        assert epilog_ctld(cfg, ENV, slurm, lambda *a, **k: pytest.fail("diagnosed")) == 0
+        assert epilog_ctld(cfg, ENV, slurm, lambda *a, **k: pytest.fail("diagnosed"), probe=ALL_UP) == 0
     assert slurm.calls == []
     assert f"slurm.ctld.tls_ca {tmp_path / 'ca.pem'}: cannot read it" in caplog.text
     assert "holding nothing" in caplog.text
@@ -337,7 +338,7 @@ def test_epilog_ctld_stopped_half_way_releases_its_holds() -> None:
         raise Alarm
 
     with pytest.raises(Alarm):
-        epilog_ctld(CFG, ENV, slurm, diagnose)
+        epilog_ctld(CFG, ENV, slurm, diagnose, probe=ALL_UP)
     assert slurm.calls == [("drain", n) for n in NODES] + [("resume", n) for n in NODES]
     assert all(v.flags == frozenset() for v in slurm.views.values())
 
@@ -358,7 +359,7 @@ def test_epilog_ctld_gives_the_diagnosis_what_is_left_of_its_timeout() -> None:
         seen.update(kw)
         return Diagnosis("r1", [], [])
 
-    assert epilog_ctld(CFG, ENV, slurm, diagnose, triage=triage, monotonic=lambda: t[0]) == 0
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, triage=triage, monotonic=lambda: t[0], probe=ALL_UP) == 0
     assert seen["timeout"] == pytest.approx(CFG.ctld.timeout - 40)
     assert [c for c in slurm.calls if c[0] == "resume"] == [("resume", n) for n in NODES]
 
@@ -403,3 +404,27 @@ def test_prolog_ctld_lets_the_job_start_unless_it_drained_a_node(case: str) -> N
         slurm.hostnames = lambda _list: ["n1"]  # type: ignore[method-assign]
     assert prolog_ctld(cfg, env, slurm, diagnose) == 0
     assert slurm.calls == []
+
+
+def test_epilog_ctld_leaves_a_node_whose_robustd_does_not_answer_and_holds_nothing_when_too_few_answer(
+        caplog) -> None:  # noqa: ANN001
+    from robustd.adapters.slurm.ctld_hook import epilog_ctld
+    from robustd.fleet.diagnosis import Diagnosis
+
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+    seen = {}
+
+    def diagnose(targets, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen["hosts"] = [t.host for t in targets]
+        return Diagnosis("r1", [], [])
+
+    assert epilog_ctld(CFG, ENV, slurm, diagnose, probe=lambda _c, _t: {"n3": "connection refused"}) == 0
+    assert seen["hosts"] == ["n1:7070", "n2:7070"]
+    assert ("drain", "n3") not in slurm.calls and ("resume", "n3") not in slurm.calls
+    assert sorted(slurm.calls) == [("drain", "n1"), ("drain", "n2"), ("resume", "n1"), ("resume", "n2")]
+    slurm = FakeSlurm({n: idle(n) for n in NODES})
+    with caplog.at_level("INFO", logger="robustd.slurm"):
+        assert epilog_ctld(CFG, ENV, slurm, lambda *a, **k: pytest.fail("diagnosed"),
+                           probe=lambda _c, t: {n: "connection refused" for n, _ in t}) == 0
+    assert slurm.calls == []
+    assert "0 node(s) whose robustd answers; n1: connection refused" in caplog.text and "holding nothing" in caplog.text

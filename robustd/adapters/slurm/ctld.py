@@ -102,14 +102,19 @@ def gate(job: JobEnd, triage: TriageSummary | None) -> tuple[bool, str]:
     return True, f"job {job.job} failed on {len(job.nodes)} nodes: {said}: diagnosing"
 
 
-def holds(cfg: SlurmConfig, job: JobEnd, views: Mapping[str, NodeView | None]) -> list[Action]:
-    """Step 2: hold each node of the job that nobody else owns; leave the rest as they are."""
+def holds(cfg: SlurmConfig, job: JobEnd, views: Mapping[str, NodeView | None],
+          unreachable: Mapping[str, str] | None = None) -> list[Action]:
+    """Step 2: hold each node of the job that nobody else owns and whose robustd answers (`unreachable`: node →
+    why not; such a node stays as Slurm has it: nothing could be learnt of it); leave the rest as they are."""
     out = []
     reason = hold_reason(cfg, job.job)
     for name in job.nodes:
         v = views.get(name)
         if v is None:
             out.append(Action(name, Step.LEAVE, note=f"{name}: Slurm did not report it; left as it is"))
+        elif unreachable and name in unreachable:
+            out.append(Action(name, Step.LEAVE, note=f"{name}: its robustd did not answer ({unreachable[name]}); "
+                                                     "not held, left as Slurm has it"))
         elif v.out_of_service and not v.reason.startswith(cfg.reason_prefix):
             out.append(Action(name, Step.LEAVE, note=f"{name} is held by someone else ({v.describe()}); "
                                                      "not held, not released"))

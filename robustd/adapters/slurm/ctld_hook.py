@@ -46,6 +46,7 @@ EXIT_REQUEUE = 1  # prolog-ctld: a suspect was drained; Slurm requeues the job (
 Diagnose = Callable[..., Any]  # robustd.fleet.diagnose.diagnose's signature
 Target = tuple[str, str]  # (node name, "addr:port" of its robustd)
 Triage = Callable[[JobEnd, Sequence[Target]], TriageSummary | None]
+PROBE_TIMEOUT = 5.0  # a node's robustd answers GetVerdict from memory: 5 s is a dead or unreachable daemon
 
 
 def _view(slurm: Slurm, name: str) -> NodeView | None:
@@ -84,9 +85,36 @@ def tls_problem(cfg: SlurmConfig) -> str:
     return ""
 
 
+def reachable(cfg: SlurmConfig, targets: Sequence[Target]) -> dict[str, str]:
+    """The nodes whose robustd does not answer GetVerdict within PROBE_TIMEOUT (node → why), asked all at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from robustd.api.v1 import robustd_pb2 as pb
+    from robustd.cli.client import Client, CliError
+
+    c = cfg.ctld
+
+    def ask(target: str) -> str:
+        try:
+            Client(None, target, PROBE_TIMEOUT, tls=(c.tls_ca, c.tls_cert, c.tls_key)).call("GetVerdict",
+                                                                                           pb.GetVerdictRequest())
+        except CliError as e:
+            return str(e)
+        return ""
+
+    if not targets:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+        answers = list(pool.map(ask, [t for _, t in targets]))
+    return {n: why for (n, _), why in zip(targets, answers, strict=True) if why}
+
+
+Probe = Callable[[SlurmConfig, Sequence[Target]], dict[str, str]]
+
+
 def epilog_ctld(cfg: SlurmConfig, env: Mapping[str, str], slurm: Slurm, diagnose: Diagnose,
                 triage: Triage | None = None, now: Callable[[], float] | None = None,
-                monotonic: Callable[[], float] = time.monotonic) -> int:
+                monotonic: Callable[[], float] = time.monotonic, probe: Probe | None = None) -> int:
     clock = now or time.time
     started = monotonic()
     try:
@@ -102,7 +130,13 @@ def epilog_ctld(cfg: SlurmConfig, env: Mapping[str, str], slurm: Slurm, diagnose
         log.error("job %s: %s; holding nothing, diagnosing nothing", job.job, problem)
         return EXIT_OK
     views = {n: _view(slurm, n) for n in job.nodes}
-    targets = [target_of(cfg, n, views[n]) for n in job.nodes]
+    targets = [target_of(cfg, n, views[n]) for n in job.nodes if views[n] is not None]
+    down = (probe or reachable)(cfg, targets)
+    targets = [t for t in targets if t[0] not in down]
+    if len(targets) < MIN_NODES:
+        log.error("job %s: %d node(s) whose robustd answers%s; a job-level diagnosis needs %d: holding nothing",
+                  job.job, len(targets), "".join(f"; {n}: {why}" for n, why in down.items()), MIN_NODES)
+        return EXIT_OK
     summary = triage(job, targets) if triage is not None else None
     ok, why = gate(job, summary)
     log.warning("%s", why) if ok else log.info("%s", why)
@@ -110,7 +144,7 @@ def epilog_ctld(cfg: SlurmConfig, env: Mapping[str, str], slurm: Slurm, diagnose
         return EXIT_OK
     held: list[str] = []
     try:
-        for a in holds(cfg, job, {n: _view(slurm, n) for n in job.nodes}):
+        for a in holds(cfg, job, {n: _view(slurm, n) for n in job.nodes}, down):
             if a.step is Step.HOLD:
                 try:
                     slurm.drain(a.node, a.reason)

@@ -311,9 +311,10 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
 
 
 def job_nodes(hook: Hook, env: Mapping[str, str]) -> int:
-    """How many nodes the job ran on: SLURM_JOB_NODELIST (one plain name is one node; a list or range is
-    expanded by `scontrol show hostnames`), else 1 (the node epilog then does what it does for one node)."""
-    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
+    """How many nodes the job ran on: slurmd 22.05 gives the node Epilog SLURM_NODELIST (`n[1-3]`; the
+    controller's hooks get SLURM_JOB_NODELIST); one plain name is one node, a list or range is expanded by
+    `scontrol show hostnames`; neither: 1 (the node epilog then does what it does for one node)."""
+    nodelist = (env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", "")).strip()
     if not nodelist:
         return 1
     if not re.search(r"[\[,]", nodelist):
