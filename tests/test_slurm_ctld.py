@@ -197,6 +197,10 @@ def test_suspects_are_mapped_from_the_dialled_targets_to_node_names() -> None:
     got = findings([Suspect("10.0.0.1:7070", "link", "slow", ("10.0.0.2:7070",)),
                     Suspect("10.0.0.9:7070", "unreachable", "refused")], node_of)
     assert got == [Finding("n1", "link", "slow", ("n2",)), Finding("10.0.0.9:7070", "unreachable", "refused")]
+    host = findings([Suspect("10.0.0.2:7070", "host", "bad in both of its pairs: with 10.0.0.1:7070: bus bandwidth "
+                                                      "0.0007 GB/s; with 110.0.0.1:7070: 0.0006 GB/s")],
+                    {**node_of, "110.0.0.1:7070": "n11"})
+    assert host[0].reason == "bad in both of its pairs: with n1: bus bandwidth 0.0007 GB/s; with n11: 0.0006 GB/s"
 
 
 # --- preflight --------------------------------------------------------------------------------------------

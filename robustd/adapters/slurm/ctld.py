@@ -142,8 +142,14 @@ class Finding:
 
 
 def findings(suspects: Sequence[Suspect], node_of: Mapping[str, str]) -> list[Finding]:
-    """Diagnosis.suspects (host = the target string the hook dialled) as node names; a link's peers too."""
-    return [Finding(node_of.get(s.host, s.host), s.kind, s.reason, tuple(node_of.get(p, p) for p in s.peers))
+    """Diagnosis.suspects (host = the target string the hook dialled) as node names; a link's peers too, and
+    the targets a reason names ("with 10.1.0.7:7070: bus bandwidth ..."), so `sinfo -R` speaks Slurm's names."""
+    def named(text: str) -> str:
+        for target in sorted(node_of, key=len, reverse=True):  # the longest first: one may end another
+            text = text.replace(target, node_of[target])
+        return text
+
+    return [Finding(node_of.get(s.host, s.host), s.kind, named(s.reason), tuple(node_of.get(p, p) for p in s.peers))
             for s in suspects]
 
 
