@@ -1,11 +1,12 @@
-"""The controller hooks of issue 29 on a real three-node Slurm (tests/fixtures/slurm/multi.py): each node's
+"""The controller hooks of issue 29 on a real multi-node Slurm (tests/fixtures/slurm/multi.py): each node's
 slurmd and robustd in its own network namespace, the robustd listening on the namespace's address with mutual
 TLS, slurmctld and its EpilogSlurmctld/PrologSlurmctld (`robustctl slurm epilog-ctld | prolog-ctld`) in the
 root one; the node Epilog (`robustctl slurm epilog`, `slurm.ctld.epilog: true`) on every node; a slow link is
-a real token bucket (tc tbf) on the node's veth.
+a real token bucket (tc tbf) on the node's veth. The jobs run on three nodes (n1-n3, the first idle ones); a
+fourth is where the preflight's requeued job goes.
 
 One cluster per module (it comes up in about 1.5 s here), reset between tests. The first tests are about the
-harness itself (Slurm sees three nodes at their own addresses, the EpilogSlurmctld wrapper gets the job's
+harness itself (Slurm sees the nodes at their own addresses, the EpilogSlurmctld wrapper gets the job's
 environment, the controller's certificate reaches every robustd); the rest are the issue's: what Slurm shows
 after a failed multi-node job (`scontrol show node`: the culprit drained with the diagnosis's reason, the
 others idle and taking the next job), and the hook's own log.
@@ -39,7 +40,7 @@ def cluster() -> Iterator[MultiCluster]:
     if missing:
         (pytest.fail if IN_CI else pytest.skip)(f"not installed: {', '.join(missing)} (`make deps` installs "
                                                 "slurmctld, slurmd, slurm-client and munge)")
-    c = MultiCluster(3)
+    c = MultiCluster(4)  # jobs run on three; the fourth is where a preflight's requeued job goes
     # The node epilogs leave multi-node jobs to the controller, and triage the per-rank logs a job writes under
     # joblogs/<job>/ (the controller's config does not name them: where it cannot read the job's output, the
     # node epilogs' verdicts are what it has).
@@ -60,11 +61,11 @@ def slurm(cluster: MultiCluster) -> MultiCluster:
 
 
 def test_three_nodes_at_their_addresses_and_a_failed_job_calls_epilog_slurmctld_once(slurm: MultiCluster) -> None:
-    assert slurm.states() == {n: ("idle", "") for n in ("n1", "n2", "n3")}
+    assert slurm.states() == {n: ("idle", "") for n in ("n1", "n2", "n3", "n4")}
     for node in slurm.nodes:
         assert slurm.node_field(node, "NodeAddr") == slurm.addr(node), slurm.node_info(node)
         assert slurm.addr(node) != slurm.addr("n1") or node == "n1"
-    job = slurm.submit("hostname; exit 1", nodes=3)
+    job = slurm.submit("hostname; exit 1", nodes=3)  # the first three idle nodes: n1-n3
     # The job is COMPLETING while EpilogSlurmctld runs, and FAILED only once it has returned.
     assert slurm.wait_job(job) == "FAILED", slurm.logs()
     info = slurm.job(job)
@@ -96,7 +97,7 @@ def test_an_enabled_ctld_hook_runs_the_checkout_with_scontrol_and_its_exit_code_
     assert slurm.hook_exits("epilog-ctld") == [3]
     log = slurm.hook_log("epilog-ctld").splitlines()
     assert log == [str(REPO / "robustd" / "__init__.py"), "['n1', 'n2']"], log
-    assert slurm.states() == {n: ("idle", "") for n in ("n1", "n2", "n3")}
+    assert slurm.states() == {n: ("idle", "") for n in slurm.nodes}
 
 
 def test_the_controller_certificate_reaches_every_robustd_and_a_healthy_fleet_passes(slurm: MultiCluster) -> None:
@@ -262,12 +263,13 @@ def test_without_shared_output_the_node_epilogs_verdicts_decide(slurm: MultiClus
 
 def test_preflight_requeues_a_job_away_from_a_slow_node_and_lets_a_healthy_one_start(slurm: MultiCluster) -> None:
     slurm.enable_ctld_hook("prolog-ctld", slurm.ctld_command("prolog-ctld", slurm.ctld_config(preflight="net")))
-    slurm.slow("n1")  # Slurm gives a 2-node job the first idle nodes: n1 and n2
-    job = slurm.submit("hostname", nodes=2)
+    slurm.slow("n1")  # Slurm gives a 3-node job the first idle nodes: n1-n3
+    job = slurm.submit("hostname", nodes=3)
     assert slurm.wait_job(job, DIAGNOSIS) == "COMPLETED", slurm.logs()
     log = slurm.hook_log("prolog-ctld")
     assert slurm.hook_exits("prolog-ctld")[:2] == [1, 0], log
-    assert slurm.job_nodes(job) == ["n2", "n3"], slurm.job(job)
+    assert f"n1 drained before job {job}: robustd: job {job} preflight FAIL: " in log, log
+    assert slurm.job_nodes(job) == ["n2", "n3", "n4"], slurm.job(job)
     assert int(slurm.job(job).get("Restarts", "0")) >= 1, slurm.job(job)
     state, reason = slurm.states()["n1"]
     assert state.startswith("drain") and reason.startswith(f"robustd: job {job} preflight FAIL: "), (state, reason)
