@@ -187,7 +187,7 @@ def test_a_failed_job_with_one_slow_node_drains_that_node_and_the_others_take_th
     slurm.clear_faults()
     nxt = slurm.submit("hostname", nodes=2)
     assert slurm.wait_job(nxt, 60) == "COMPLETED", slurm.logs()
-    assert slurm.job_nodes(nxt) == ["n1", "n3"]
+    assert len(slurm.job_nodes(nxt)) == 2 and "n2" not in slurm.job_nodes(nxt), slurm.job(nxt)
     assert slurm.states()["n2"][1].startswith(f"robustd: job {job} diagnosis FAIL: ")
 
 
@@ -201,8 +201,8 @@ def test_the_same_failure_on_a_healthy_cluster_releases_every_node(slurm: MultiC
     released_idle(slurm, slurm.nodes, log)
     assert f"diagnosis slurm-job-{job} PASS" in log, log
     assert all(f"{n} released: diagnosis PASS, not a suspect" in log for n in slurm.nodes), log
-    assert all(diagnosed_runs(slurm, n, job) for n in slurm.nodes), [slurm.remote(n, "diag", "list").stdout
-                                                                        for n in slurm.nodes]
+    assert all(diagnosed_runs(slurm, n, job) for n in ("n1", "n2", "n3")), [slurm.remote(n, "diag", "list").stdout
+                                                                              for n in slurm.nodes]
 
 
 def test_a_job_failing_with_a_user_bug_holds_and_drains_nothing(slurm: MultiCluster) -> None:
