@@ -100,17 +100,12 @@ def test_an_enabled_ctld_hook_runs_the_checkout_with_scontrol_and_its_exit_code_
     assert slurm.states() == {n: ("idle", "") for n in slurm.nodes}
 
 
-def test_the_controller_certificate_reaches_every_robustd_and_a_healthy_fleet_passes(slurm: MultiCluster) -> None:
+def test_the_controller_certificate_reaches_every_robustd_and_another_may_only_read(slurm: MultiCluster) -> None:
     for node in slurm.nodes:
         r = slurm.remote(node, "status")
         assert r.returncode == 0 and f"node {node}: OK" in r.stdout, r.stdout + r.stderr
-    t0 = time.monotonic()
-    rc, doc, err = slurm.fleet_diagnose()  # all_gather: inter and pairs, from the root namespace
-    took = time.monotonic() - t0
-    print(f"fleet diagnose over 3 nodes (TCP + mutual TLS, all_gather): {took:.1f} s")
-    assert rc == 0 and doc["outcome"] == "PASS" and doc["suspects"] == [], f"{doc}\n{err}\n{slurm.logs()}"
-    assert [h["addr"] for h in doc["hosts"]] == [slurm.addr(n) for n in slurm.nodes]
-    # The same CA's certificate for another identity may read, but not run the diagnosis.
+    # (The controller's certificate runs the whole diagnosis in the hook's tests below.) The same CA's
+    # certificate for another identity may read, but not run the diagnosis.
     assert slurm.remote("n2", "status", client="operator").returncode == 0
     rc, doc, err = slurm.fleet_diagnose(*slurm.tls_args("operator"))
     assert rc == 4 and doc["outcome"] == "ERROR", f"{doc}\n{err}"
@@ -200,7 +195,7 @@ def test_the_same_failure_on_a_healthy_cluster_releases_every_node(slurm: MultiC
     log = slurm.hook_log("epilog-ctld")
     released_idle(slurm, slurm.nodes, log)
     assert f"diagnosis slurm-job-{job} PASS" in log, log
-    assert all(f"{n} released: diagnosis PASS, not a suspect" in log for n in slurm.nodes), log
+    assert all(f"{n} released: diagnosis PASS, not a suspect" in log for n in ("n1", "n2", "n3")), log
     assert all(diagnosed_runs(slurm, n, job) for n in ("n1", "n2", "n3")), [slurm.remote(n, "diag", "list").stdout
                                                                               for n in slurm.nodes]
 
@@ -265,7 +260,14 @@ def test_preflight_requeues_a_job_away_from_a_slow_node_and_lets_a_healthy_one_s
     slurm.enable_ctld_hook("prolog-ctld", slurm.ctld_command("prolog-ctld", slurm.ctld_config(preflight="net")))
     slurm.slow("n1")  # Slurm gives a 3-node job the first idle nodes: n1-n3
     job = slurm.submit("hostname", nodes=3)
-    assert slurm.wait_job(job, DIAGNOSIS) == "COMPLETED", slurm.logs()
+    slurm.wait_for(lambda: int(slurm.job(job).get("Restarts", "0") or 0) >= 1, DIAGNOSIS, "the job requeued",
+                   interval=0.2)
+    # Slurm makes a batch job requeued by PrologSlurmctld eligible again only after a delay of its own
+    # (BeginTime, about two minutes here): that is Slurm's, not robustd's, so the test lets it start now.
+    info = slurm.job(job)
+    print(f"requeued: {info.get('JobState')} reason {info.get('Reason')} eligible {info.get('EligibleTime')}")
+    slurm.sh("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+    assert slurm.wait_job(job, 60) == "COMPLETED", slurm.logs()
     log = slurm.hook_log("prolog-ctld")
     assert slurm.hook_exits("prolog-ctld")[:2] == [1, 0], log
     assert f"n1 drained before job {job}: robustd: job {job} preflight FAIL: " in log, log
