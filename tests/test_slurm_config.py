@@ -60,6 +60,7 @@ BAD = [
     ("slurm:\n  ctld:\n    tls_cert: ''\n    tls_key: /k.pem\n", "slurm.ctld.tls_cert", 3, "empty path names no file"),
     ("slurm:\n  ctld:\n    tls_cert: /etc/robustd/ctld.pem\n", "slurm.ctld", 2, "tls_cert and tls_key go together"),
     ("slurm:\n  ctld:\n    level: thorough\n", "slurm.ctld.level", 3, "not a level"),
+    ("slurm:\n  ctld:\n    slow_fraction: 1\n", "slurm.ctld.slow_fraction", 3, "less than 1"),
     ("slurm:\n  ctld:\n    preflight: on\n", "slurm.ctld.preflight", 3, "valid string"),
     ("slurm:\n  ctld:\n    preflight: deep\n", "slurm.ctld.preflight", 3, "'deep' is not a level"),
     ("slurm:\n  ctld:\n    timeout: 0s\n", "slurm.ctld.timeout", 3, "greater than zero"),

@@ -262,7 +262,7 @@ def test_epilog_ctld_holds_diagnoses_drains_the_culprit_and_releases_the_rest() 
 
     assert epilog_ctld(CFG, ENV, slurm, diagnose, now=lambda: NOW, probe=ALL_UP) == 0
     assert seen["hosts"] == ["n1:7070", "n2:7070", "n3:7070"] and seen["held"] == list(NODES)
-    assert seen["level"] == "quick" and seen["run_id"] == "slurm-job-42"
+    assert seen["level"] == "quick" and seen["run_id"] == "slurm-job-42" and seen["slow_fraction"] == 0.5
     assert slurm.views["n3"].reason == "robustd: job 42 diagnosis FAIL: slow"
     assert [slurm.views[n].flags for n in ("n1", "n2")] == [frozenset(), frozenset()]
 

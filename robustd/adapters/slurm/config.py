@@ -110,6 +110,9 @@ class CtldConfig(BaseModel):
     timeout: PositiveDuration = 300.0  # the whole diagnosis after a failed job
     preflight: Preflight = None  # off, or the level prolog-ctld runs before a multi-node job starts
     preflight_timeout: PositiveDuration = 60.0
+    # A pair below this fraction of the median pair's bus bandwidth is slow (`fleet diagnose --slow-fraction`):
+    # 0.5 for a fabric whose healthy pairs measure within a few percent of each other.
+    slow_fraction: float = Field(default=0.5, gt=0, lt=1)
 
     @field_validator("timeout", "preflight_timeout")
     @classmethod

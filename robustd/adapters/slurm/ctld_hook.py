@@ -253,7 +253,7 @@ def _diagnose(cfg: SlurmConfig, job: str, targets: Sequence[Target], diagnose: D
     node_of = {t: n for n, t in targets}
     c = cfg.ctld
     try:
-        d = diagnose(fleet, level=level, port=c.rendezvous_port, timeout=timeout,
+        d = diagnose(fleet, level=level, port=c.rendezvous_port, timeout=timeout, slow_fraction=c.slow_fraction,
                      tls=(c.tls_ca, c.tls_cert, c.tls_key), run_id=run_id)
     except Exception as e:  # noqa: BLE001 - fail open: robustd's own error releases every hold
         log.error("job %s: the diagnosis could not run: %s: %s", job, type(e).__name__, e)
