@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from robustd.adapters.slurm.config import SlurmConfig
 from robustd.adapters.slurm.decide import breaker, clean
-from robustd.adapters.slurm.model import NodeView
+from robustd.adapters.slurm.model import NodeView, Suppression
 from robustd.fleet.diagnosis import Suspect
 
 NO_DIAGNOSIS = frozenset({"user_code", "oom_gpu", "oom_host"})  # as the node epilog (hooks.NO_DIAGNOSIS)
@@ -165,6 +165,15 @@ def _blamed(found: Sequence[Finding]) -> dict[str, str]:
     return out
 
 
+def _breaker(cfg: SlurmConfig, v: NodeView, reason: str, counted: list[tuple[str, str, str]],
+             now: float) -> Suppression | None:
+    """The circuit breaker for one more drain; a drain it allows counts (in `counted`) for the next one."""
+    sup = breaker(cfg, v, list(counted), reason, now)
+    if sup is None:
+        counted += [(v.name, p, reason) for p in v.partitions]
+    return sup
+
+
 def settle(cfg: SlurmConfig, job: str, held: Sequence[str], outcome: str | None, found: Sequence[Finding],
            views: Mapping[str, NodeView | None], rows: Sequence[tuple[str, str, str]], now: float,
            why_not: str = "") -> list[Action]:
@@ -194,11 +203,9 @@ def settle(cfg: SlurmConfig, job: str, held: Sequence[str], outcome: str | None,
             continue
         if name in blamed:
             reason = clean(f"{cfg.reason_prefix} job {job} diagnosis {outcome}: {blamed[name]}")
-            sup = breaker(cfg, v, list(counted), reason, now)
-            if sup is not None:
+            if sup := _breaker(cfg, v, reason, counted, now):
                 out.append(Action(name, Step.RELEASE, note=f"{sup.text()}; {name} released"))
                 continue
-            counted += [(name, p, reason) for p in v.partitions]
             out.append(Action(name, Step.DRAIN, reason=reason, note=f"{name} drained: {reason}"))
         elif name in unreachable:
             out.append(Action(name, Step.RELEASE, note=f"{name} released: its robustd did not answer, nothing "
@@ -227,10 +234,8 @@ def preflight(cfg: SlurmConfig, job: str, outcome: str | None, found: Sequence[F
                               + ("Slurm did not report it" if v is None else f"already out ({v.describe()})")))
             continue
         reason = clean(f"{cfg.reason_prefix} job {job} preflight {outcome}: {why}")
-        sup = breaker(cfg, v, list(counted), reason, now)
-        if sup is not None:
+        if sup := _breaker(cfg, v, reason, counted, now):
             out.append(Action(name, Step.LEAVE, note=f"{sup.text()}; {name} stays in service"))
             continue
-        counted += [(name, p, reason) for p in v.partitions]
         out.append(Action(name, Step.DRAIN, reason=reason, note=f"{name} drained before job {job}: {reason}"))
     return out
