@@ -32,7 +32,7 @@ from robustd.adapters.slurm.decide import (
     decide,
     self_checked,
 )
-from robustd.adapters.slurm.hooks import job_failed
+from robustd.adapters.slurm.jobs import job_failed
 from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, AgentStateFile, DrainRecord, NodeView, SelfCheck
 from robustd.adapters.slurm.slurmcli import (
     Completed,

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from robustd.adapters.slurm.config import SlurmConfig
 from robustd.adapters.slurm.decide import breaker, clean
+from robustd.adapters.slurm.jobs import NO_DIAGNOSIS, job_failed
 from robustd.adapters.slurm.model import NodeView, Suppression
 from robustd.fleet.diagnosis import Suspect
 
-NO_DIAGNOSIS = frozenset({"user_code", "oom_gpu", "oom_host"})  # as the node epilog (hooks.NO_DIAGNOSIS)
 MIN_NODES = 2  # fewer: the node epilog's job
 
 
@@ -69,8 +69,6 @@ class Action:
 def job_end(env: Mapping[str, str], expand: Callable[[str], list[str]]) -> JobEnd:
     """The controller's environment: SLURM_JOB_ID, SLURM_JOB_EXIT_CODE / _CODE2 (read as the node epilog reads
     them) and SLURM_JOB_NODELIST, expanded by `expand` (`scontrol show hostnames`; its SlurmError propagates)."""
-    from robustd.adapters.slurm.hooks import job_failed
-
     nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
     return JobEnd(job=env.get("SLURM_JOB_ID", "?").strip() or "?", failed=job_failed(env),
                   nodes=tuple(dict.fromkeys(expand(nodelist))) if nodelist else ())

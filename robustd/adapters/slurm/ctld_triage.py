@@ -4,7 +4,7 @@ The controller runs once per job with the whole node list, but the job's output 
 wrote it. Two sources, in order:
 
 1. **The job's output, read by the controller** (shared storage: `scontrol show job`'s StdOut/StdErr and
-   `slurm.triage_logs`, read as the node epilog reads them, `hooks.job_logs`: only regular files owned by
+   `slurm.triage_logs`, read as the node epilog reads them, `jobs.job_logs`: only regular files owned by
    the job's user). The logs are judged by one of the job's nodes through `Diagnostics.Triage` (the first
    whose robustd answers), so the nodes' rules decide, even where the controller's robustctl is older;
    when no node answers, the same judge runs here (robustd.triage is a library).
@@ -66,7 +66,7 @@ def job_triage(cfg: SlurmConfig, slurm: Slurm, env: Mapping[str, str], job: JobE
                deadline: float, clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> TriageSummary | None:
     """The job's verdict from its output (judged by a node, else here), else from the node epilogs, else None."""
-    from robustd.adapters.slurm.hooks import job_logs, job_status
+    from robustd.adapters.slurm.jobs import job_logs, job_status
 
     status = job_status(env) or (None, None)
     try:
