@@ -50,7 +50,7 @@ stage() {  # stage ROOT UNITDIR ZSHDIR
     install -m 0644 "$src/systemd/robustd-k8s.service" "$root$unitdir/robustd-k8s.service"  # disabled by default
     # slurm.conf takes a program path without arguments: HealthCheckProgram=/usr/lib/robustd/slurm/healthcheck, ...
     install -d "$root/usr/lib/robustd/slurm"
-    for h in healthcheck prolog epilog; do
+    for h in healthcheck prolog epilog epilog-ctld prolog-ctld; do  # the last two: EpilogSlurmctld, PrologSlurmctld
         printf '#!/bin/sh\n# For slurm.conf (README "Slurm"): robustctl slurm %s\nexec /usr/bin/robustctl slurm %s "$@"\n' \
             "$h" "$h" > "$root/usr/lib/robustd/slurm/$h"
         chmod 0755 "$root/usr/lib/robustd/slurm/$h"

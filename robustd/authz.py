@@ -44,6 +44,7 @@ DISRUPTIVE = frozenset({
     "/robustd.v1.Diagnostics/RecordGolden",
     "/robustd.v1.NodeHealth/Acknowledge",
     "/robustd.v1.Tracer/CaptureStacks",  # pauses the training processes while it samples them
+    "/robustd.v1.Diagnostics/RecordTriage",  # decides whether the controller holds and tests a job's nodes
 })
 # The rest of robustd.v1, open to every caller the listener admits. Not consulted by the check (anything
 # not DISRUPTIVE is open); a test makes every method of the API appear in exactly one of the two sets, so a
@@ -57,6 +58,7 @@ READ_ONLY = frozenset({
     "/robustd.v1.Diagnostics/List",
     "/robustd.v1.Diagnostics/ListGoldens",
     "/robustd.v1.Diagnostics/Triage",  # pure: judges the logs it is sent, touches nothing on the node
+    "/robustd.v1.Diagnostics/GetTriage",
 })
 NO_IDENTITY = "callers without an identity"  # their refusals are counted together
 _SAN_OID = bytes.fromhex("0603551d11")  # DER of OID 2.5.29.17, subjectAltName

@@ -10,11 +10,17 @@ Faults (this kernel has tbf, htb and u32, not netem):
 - `slow_pair(i, j)`: an htb class with a u32 filter on the destination address on each of the two
   hosts' own veth, so only the traffic between i and j is slow and each keeps full speed to the others;
 - `link_down(i)`: host i's veth set down inside its namespace (a daemon there still answers on its
-  Unix socket, which is reachable from every namespace: sockets live in the file system).
+  Unix socket, which is reachable from every namespace: sockets live in the file system);
+- `clear(i)`: host i's link back to full speed (both ends' root qdiscs removed).
+
+With `bridge_addr=True` the bridge itself has an address on the subnet (`bridge_ip`, `<subnet>.254`), so
+daemons in the root namespace (tests/fixtures/slurm/multi.py: slurmctld and its EpilogSlurmctld) and the
+hosts reach each other; its subnet is then one that no route in the root namespace uses yet.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -47,10 +53,17 @@ class Host:
 class Fabric:
     """`n` hosts on one bridge: `hosts[i]` is host i; `netns_exec(i)` the prefix to run a command there."""
 
-    def __init__(self, n: int, prefix: str = "rdfab"):
+    def __init__(self, n: int, prefix: str = "rdfab", bridge_addr: bool = False):
         tag = uuid.uuid4().hex[:5]
         self.bridge = f"rdbr{tag}"
-        subnet = f"10.77.{int(tag[:2], 16)}"
+        third = int(tag[:2], 16)
+        if bridge_addr:  # a subnet on the root namespace's routes would clash with another bridge's (or the host's)
+            free = next((t for t in [third, *range(256)] if not _routed(f"10.77.{t}.0/24")), None)
+            if free is None:
+                raise RuntimeError("every 10.77.*.0/24 is routed in the root namespace: leftover bridges?")
+            third = free
+        subnet = f"10.77.{third}"
+        self.bridge_ip: str | None = f"{subnet}.254" if bridge_addr else None
         self.hosts = [Host(f"{prefix}-{tag}-{i}", f"{subnet}.{i + 1}", f"rdh{tag}{i}", f"rdv{tag}{i}")
                       for i in range(n)]
         self._made: list[tuple[str, ...]] = []  # undo commands, in the order things were made
@@ -58,6 +71,8 @@ class Fabric:
             ip("link", "add", self.bridge, "type", "bridge")
             self._made.append(("ip", "link", "del", self.bridge))
             ip("link", "set", self.bridge, "up")
+            if self.bridge_ip:
+                ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
             for h in self.hosts:
                 ip("netns", "add", h.ns)
                 self._made.append(("ip", "netns", "del", h.ns))
@@ -74,6 +89,12 @@ class Fabric:
 
     def netns_exec(self, i: int) -> list[str]:
         return ["ip", "netns", "exec", self.hosts[i].ns]
+
+    def net_enter(self, i: int) -> list[str]:
+        """A prefix that joins host i's network namespace only. `ip netns exec` also gives the command a mount
+        namespace of its own with a fresh /sys, in which /sys/fs/cgroup is not mounted: slurmd's cgroup plugin
+        then fails to start ("No filesystem mounted on /sys/fs/cgroup")."""
+        return ["nsenter", f"--net=/run/netns/{self.hosts[i].ns}"]
 
     def slow_host(self, i: int, rate: str = SLOW_RATE) -> None:
         """Rate-limit host i's link in both directions: its own veth (what it sends) and the bridge's port
@@ -93,6 +114,13 @@ class Fabric:
             tc(*n, "class", "add", "dev", h.dev, "parent", "1:", "classid", "1:20", "htb", "rate", rate)
             tc(*n, "filter", "add", "dev", h.dev, "parent", "1:", "protocol", "ip", "u32",
                "match", "ip", "dst", f"{other.addr}/32", "flowid", "1:20")
+
+    def clear(self, i: int) -> None:
+        """Host i's link at full speed again: the root qdisc of each end removed (none there: nothing to do)."""
+        h = self.hosts[i]
+        for argv in (["tc", "-n", h.ns, "qdisc", "del", "dev", h.dev, "root"], ["tc", "qdisc", "del", "dev", h.peer,
+                                                                                  "root"]):
+            subprocess.run(argv, capture_output=True, timeout=20)
 
     def link_down(self, i: int) -> None:
         h = self.hosts[i]
@@ -118,3 +146,16 @@ class Fabric:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _routed(subnet: str) -> bool:
+    """Whether a route of the root namespace's main table overlaps `subnet` (a leftover bridge's, the host's)."""
+    p = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True, timeout=20)
+    net = ipaddress.ip_network(subnet)
+    for line in p.stdout.splitlines():
+        try:
+            if ipaddress.ip_network(line.split()[0], strict=False).overlaps(net):
+                return True
+        except (IndexError, ValueError):  # `default`, or an empty line
+            continue
+    return False

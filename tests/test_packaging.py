@@ -40,7 +40,7 @@ DEB_FILES = {
     "/opt/robustd/wheels/requirements.txt", "/opt/robustd/wheels/VERSION", "/usr/bin/robustd",
     "/usr/bin/robustctl", "/usr/bin/robustd-slurm", "/usr/share/robustd/proto/robustd.proto",
     "/usr/share/doc/robustd/README.md", *(f"/lib/systemd/system/{u}" for u in UNITS),
-    *(f"/usr/lib/robustd/slurm/{h}" for h in ("healthcheck", "prolog", "epilog")),  # for slurm.conf
+    *(f"/usr/lib/robustd/slurm/{h}" for h in ("healthcheck", "prolog", "epilog", "epilog-ctld", "prolog-ctld")),
 }
 RPM_FILES = (DEB_FILES - {f"/lib/systemd/system/{u}" for u in UNITS}) | {f"/usr/lib/systemd/system/{u}" for u in UNITS}
 # Man pages (man/, `make man`: one per console script) and robustctl's bash and zsh completion.
@@ -222,8 +222,9 @@ def test_deb_install_run_upgrade_purge(deb: Path, out: Path) -> None:
     assert (p.returncode, p.stdout + p.stderr) == (0, "")
     assert sh("/usr/bin/robustd-slurm", "--version").stdout.strip() == f"robustd-slurm {VERSION}"
     assert "/etc/robustd/robustd.yaml: config OK" in sh("/usr/bin/robustd-slurm", "--check-config").stdout
-    # The slurm.conf hooks: with robustd not running they change nothing and exit 0 (fail open).
-    for hook in ("healthcheck", "prolog", "epilog"):
+    # The slurm.conf hooks: with robustd not running they change nothing and exit 0 (fail open); the
+    # controller's with no job in their environment.
+    for hook in ("healthcheck", "prolog", "epilog", "epilog-ctld", "prolog-ctld"):
         p = sh(f"/usr/lib/robustd/slurm/{hook}", check=False)
         assert p.returncode == 0, (hook, p.stderr)
 

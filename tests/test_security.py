@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
+from certs import CA, LEAF, make_cert
 from conftest import REPO, Daemon, need_root
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -24,27 +25,6 @@ from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
 ALLOWED = "scheduler.example"
 ALLOWED_GROUP = "adm"  # exists on Debian; the tests add no group to the host
-
-
-def openssl(*args: str) -> None:
-    r = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-
-
-def make_cert(d: Path, name: str, cn: str, ext: str, ca: str | None = None) -> None:
-    """d/name.pem and d/name.key (P-256), self-signed when ca is None, else signed by d/ca.{pem,key}."""
-    cfg = d / f"{name}.cnf"
-    cfg.write_text(f"[req]\ndistinguished_name = dn\n[dn]\n[ext]\n{ext}\n")
-    args = ["req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.pem"), "-days", "2", "-subj", f"/CN={cn}",
-            "-config", str(cfg), "-extensions", "ext"]
-    if ca:
-        args += ["-CA", str(d / f"{ca}.pem"), "-CAkey", str(d / f"{ca}.key")]
-    openssl(*args)
-
-
-LEAF = "basicConstraints = critical, CA:FALSE\nkeyUsage = critical, digitalSignature\n"
-CA = "basicConstraints = critical, CA:TRUE\nkeyUsage = critical, keyCertSign, cRLSign\n"
 
 
 @pytest.fixture(scope="module")

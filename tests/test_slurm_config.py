@@ -55,6 +55,19 @@ BAD = [
     ("slurm:\n  triage_logs: /logs/%j.out\n", "slurm.triage_logs", 2, "valid list"),
     ("slurm:\n  triage_logs: [" + ", ".join(f"/l/{i}" for i in range(33)) + "]\n", "slurm.triage_logs", 2,
      "at most 32"),
+    ("slurm:\n  ctld:\n    port: 0\n", "slurm.ctld.port", 3, "greater than or equal to 1"),
+    ("slurm:\n  ctld:\n    rendezvous_port: 70000\n", "slurm.ctld.rendezvous_port", 3, "less than or equal to 65535"),
+    ("slurm:\n  ctld:\n    tls_cert: ''\n    tls_key: /k.pem\n", "slurm.ctld.tls_cert", 3, "empty path names no file"),
+    ("slurm:\n  ctld:\n    tls_cert: /etc/robustd/ctld.pem\n", "slurm.ctld", 2, "tls_cert and tls_key go together"),
+    ("slurm:\n  ctld:\n    level: thorough\n", "slurm.ctld.level", 3, "not a level"),
+    ("slurm:\n  ctld:\n    slow_fraction: 1\n", "slurm.ctld.slow_fraction", 3, "less than 1"),
+    ("slurm:\n  ctld:\n    preflight: on\n", "slurm.ctld.preflight", 3, "valid string"),
+    ("slurm:\n  ctld:\n    preflight: deep\n", "slurm.ctld.preflight", 3, "'deep' is not a level"),
+    ("slurm:\n  ctld:\n    timeout: 0s\n", "slurm.ctld.timeout", 3, "greater than zero"),
+    ("slurm:\n  ctld:\n    timeout: 2h\n", "slurm.ctld.timeout", 3, "at most 3600s"),
+    ("slurm:\n  ctld:\n    preflight_timeout: 60\n", "slurm.ctld.preflight_timeout", 3, "no unit"),
+    ("slurm:\n  ctld:\n    epilog: 'yes'\n", "slurm.ctld.epilog", 3, "boolean"),
+    ("slurm:\n  ctld:\n    tls: {}\n", "slurm.ctld.tls", 3, "unknown key"),
     ("slurm: [1, 2]\n", "slurm", 1, "valid dictionary"),
 ]
 
@@ -86,6 +99,17 @@ def test_an_empty_slurm_section_means_the_defaults(tmp_path: Path) -> None:
     r = check("robustd-slurm", cfg)
     assert r.returncode == 0, r.stderr
     assert f"config OK (Slurm node {os.uname().nodename.split('.')[0]}, state {tmp_path}/state/slurm.json)" in r.stdout
+
+
+def test_the_ctld_section_takes_off_or_a_level_for_preflight() -> None:
+    from robustd.adapters.slurm.config import SlurmConfig
+
+    assert SlurmConfig().ctld.preflight is None and SlurmConfig().ctld.level == "quick"
+    assert SlurmConfig.model_validate(yaml.safe_load("ctld:\n  preflight: off\n")).ctld.preflight is None
+    assert SlurmConfig.model_validate(yaml.safe_load("ctld:\n  preflight: 'off'\n")).ctld.preflight is None
+    got = SlurmConfig.model_validate(yaml.safe_load("ctld:\n  preflight: quick\n  tls_cert: /c.pem\n"
+                                                    "  tls_key: /k.pem\n  tls_ca: /ca.pem\n  timeout: 90s\n"))
+    assert (got.ctld.preflight, got.ctld.tls_cert, got.ctld.timeout) == ("quick", "/c.pem", 90.0)
 
 
 def test_the_shipped_config_documents_every_slurm_key_with_its_default() -> None:

@@ -32,7 +32,7 @@ from robustd.adapters.slurm.decide import (
     decide,
     self_checked,
 )
-from robustd.adapters.slurm.hooks import job_failed
+from robustd.adapters.slurm.jobs import job_failed
 from robustd.adapters.slurm.model import FLAP_WINDOW, AgentState, AgentStateFile, DrainRecord, NodeView, SelfCheck
 from robustd.adapters.slurm.slurmcli import (
     Completed,
@@ -178,6 +178,24 @@ def test_a_drain_with_our_prefix_but_no_record_is_adopted_and_resumed() -> None:
     node = drained("robustd: GPU_ECC_DBE on gpu/0000:1b:00.0 (action RESET_GPU, seq 20)")
     plan, st = decide(cfg(resume_after="0s"), health(), node, AgentState(), NOW)
     assert plan.do is Do.RESUME and st.drain is not None and st.drain.mode == "drain" and "taking it" in plan.note
+
+
+@pytest.mark.parametrize("reason, words", [
+    ("robustd: diagnosing after job 42", "the controller's job-level diagnosis"),
+    ("robustd: job 42 diagnosis FAIL: pairs: bus bandwidth 0.0007 GB/s", "failed diagnosis"),
+    ("robustd: job 42 preflight FAIL: link n1-n2: slow", "failed diagnosis"),
+    ("robustd: diagnostic 7f3a FAIL after job 41: eud failed on gpu/index2; triage nccl", "failed diagnosis"),
+])
+def test_a_diagnosis_drain_or_a_controller_hold_is_not_resumed_on_a_good_verdict(reason: str, words: str) -> None:
+    """The live verdict cannot see a slow link the stop-time tests found, and a hold is the controller hook's."""
+    node = drained(reason)
+    plan, st = decide(cfg(resume_after="0s"), health(), node, AgentState(), NOW)
+    assert plan.do is Do.NOTHING and words in plan.note and st.drain is not None and st.drain.reason == reason
+    again, st2 = decide(cfg(resume_after="0s"), health(), node, st, NOW + 86400)  # a day later: still held, quietly
+    assert again.do is Do.NOTHING and again.note == "" and st2.drain == st.drain
+    resumed, st3 = decide(cfg(resume_after="0s"), health(), IDLE, st2, NOW + 86400)  # an operator resumed it
+    assert resumed.do is Do.NOTHING and st3.drain is None and "resumed by someone else" in resumed.note
+    assert decide(cfg(), health(), drained("robustd: jobless diagnosis FAIL"), AgentState(), NOW)[0].do is Do.WAIT
 
 
 def test_flapping_the_drain_past_max_resumes_holds_the_node() -> None:
@@ -398,6 +416,7 @@ def test_parse_scontrol_show_node() -> None:
     assert n.state == "DOWN" and n.flags == {"NOT_RESPONDING", "DRAIN", "REBOOT_ISSUED"}
     assert n.reason == "robustd: reboot for XID_79 Foo=bar [x] : reboot issued"
     assert n.partitions == ("test", "big") and n.out_of_service and n.reboot_pending
+    assert n.addr == "127.0.0.1"  # where the controller's hook dials the node's robustd
     plain = parse_node(SHOW_NODE.replace("State=DOWN*+DRAIN+REBOOT_ISSUED", "State=MIXED")
                        .replace("   Reason=robustd: reboot for XID_79 Foo=bar [x] : reboot issued "
                                 "[root@2026-11-30T11:36:23]\n", ""), "vm")

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from conftest import REPO, Daemon, need_root
 
-from robustd.adapters.slurm.hooks import expand_path, expand_pattern, job_status, read_owned, worth_diagnosing
 from robustd.adapters.slurm.hung_job import job_pids
+from robustd.adapters.slurm.jobs import expand_path, expand_pattern, job_status, read_owned, worth_diagnosing
 from robustd.roots import Roots
 from robustd.triage import CLASSES, Triage
 

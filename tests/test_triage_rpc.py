@@ -264,3 +264,69 @@ def test_an_unprivileged_unix_caller_may_triage(make_daemon: Any) -> None:
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["triage"].startswith("OK:") and got["ack"] == "PERMISSION_DENIED", got
+
+
+# --- a node epilog's verdict, kept for the controller (RecordTriage / GetTriage) --------------------------
+
+
+def test_a_recorded_verdict_is_read_back_by_job_and_only_a_privileged_caller_records(make_daemon: Any) -> None:
+    """The node epilog (root on the socket) records; the controller reads it over TCP (any admitted caller);
+    a caller without an identity may read but not record: a planted `user_code` would spare a job's nodes."""
+    port = free_port()
+    d = make_daemon({"listen": {"tcp": f"127.0.0.1:{port}", "insecure": True},
+                     "checks": {"kernel": {"enabled": False}}})
+    d.start()
+    verdict = pb_grpc.DiagnosticsStub(d.channel()).Triage(
+        pb.TriageRequest(exit_code=1, logs=[pb.TriageLog(name="slurm-42.out", data=NCCL)]), timeout=30)
+    assert getattr(verdict, "class") == "nccl"
+    with d.channel() as ch:
+        stub = pb_grpc.DiagnosticsStub(ch)
+        expect(grpc.StatusCode.NOT_FOUND, stub.GetTriage, pb.GetTriageRequest(job_id="42"))
+        stub.RecordTriage(pb.RecordTriageRequest(job_id="42", verdict=verdict), timeout=5)
+        stub.RecordTriage(pb.RecordTriageRequest(job_id="43"), timeout=5)  # this node read no log of job 43
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = pb_grpc.DiagnosticsStub(ch)
+        got = stub.GetTriage(pb.GetTriageRequest(job_id="42"), timeout=5)
+        assert got.job_id == "42" and getattr(got.verdict, "class") == "nccl" and got.verdict.infra == verdict.infra
+        assert list(got.verdict.evidence) == list(verdict.evidence)[:8]
+        assert abs(got.recorded_at.ToSeconds() - time.time()) < 60
+        none = stub.GetTriage(pb.GetTriageRequest(job_id="43"), timeout=5)
+        assert not none.HasField("verdict")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.RecordTriage(pb.RecordTriageRequest(job_id="42"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert getattr(pb_grpc.DiagnosticsStub(d.channel()).GetTriage(pb.GetTriageRequest(job_id="42"), timeout=5)
+                   .verdict, "class") == "nccl"  # the refused call changed nothing
+
+
+@pytest.mark.parametrize("request_, words", [
+    (pb.RecordTriageRequest(), "job_id is required"),
+    (pb.RecordTriageRequest(job_id="4 2"), "without spaces"),
+    (pb.RecordTriageRequest(job_id="9" * 65), "1 to 64"),
+    (pb.RecordTriageRequest(job_id="42", verdict=pb.TriageResponse(**{"class": "cosmic_ray"}, infra="likely",
+                                                                     next="diagnose")), "verdict.class"),
+    (pb.RecordTriageRequest(job_id="42", verdict=pb.TriageResponse(**{"class": "nccl"}, infra="maybe",
+                                                                     next="diagnose")), "verdict.infra"),
+])
+def test_a_bad_record_is_invalid_argument_and_keeps_nothing(daemon: Daemon, request_: Any, words: str) -> None:
+    with daemon.channel() as ch:
+        stub = pb_grpc.DiagnosticsStub(ch)
+        assert words in expect(grpc.StatusCode.INVALID_ARGUMENT, stub.RecordTriage, request_)
+        expect(grpc.StatusCode.NOT_FOUND, stub.GetTriage, pb.GetTriageRequest(job_id="42"))
+
+
+def test_recorded_verdicts_are_bounded_in_count_size_and_age() -> None:
+    from robustd.api.triage import KEEP_FOR, MAX_JOBS, MAX_KEPT_TEXT, JobTriages
+
+    now = [1000.0]
+    store = JobTriages(clock=lambda: now[0])
+    big = pb.TriageResponse(**{"class": "hang"}, infra="likely", next="diagnose", reason="r" * 100_000,
+                            evidence=[pb.TriageEvidence(file="f", line=i, text="t" * 5000) for i in range(100)])
+    for i in range(MAX_JOBS + 10):
+        store.record(pb.RecordTriageRequest(job_id=str(i), verdict=big))
+    assert store.get("0") is None and store.get("9") is None  # the oldest went first
+    kept = store.get(str(MAX_JOBS + 9))
+    assert kept is not None and len(kept.verdict.reason) == MAX_KEPT_TEXT and len(kept.verdict.evidence) == 8
+    assert all(len(e.text) <= MAX_KEPT_TEXT for e in kept.verdict.evidence)
+    now[0] += KEEP_FOR + 1
+    assert store.get(str(MAX_JOBS + 9)) is None  # an hour later nobody asks for it

@@ -19,6 +19,7 @@ from robustd.reads import Unreadable
 class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
     def __init__(self, manager: DiagnosticsManager):
         self.manager = manager
+        self.job_triages = triage.JobTriages()
 
     async def Run(self, request: pb.RunRequest,
                   context: grpc.aio.ServicerContext) -> AsyncIterator[pb.DiagnosticProgress]:
@@ -81,3 +82,21 @@ class DiagnosticsServicer(pb_grpc.DiagnosticsServicer):
     async def Triage(self, request: pb.TriageRequest, context: grpc.aio.ServicerContext) -> pb.TriageResponse:
         """Failure triage of a job's logs (read-only; robustd/api/triage.py has the bounds and the worker thread)."""
         return await triage.handle(request, context)
+
+    async def RecordTriage(self, request: pb.RecordTriageRequest,
+                           context: grpc.aio.ServicerContext) -> pb.RecordTriageResponse:
+        """A node epilog's verdict on a multi-node job, for the controller's hook (robustd/api/triage.py)."""
+        try:
+            self.job_triages.record(request)
+        except Invalid as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.RecordTriageResponse()
+
+    async def GetTriage(self, request: pb.GetTriageRequest, context: grpc.aio.ServicerContext) -> pb.JobTriage:
+        try:
+            got = self.job_triages.get(request.job_id)
+        except Invalid as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if got is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no triage recorded for job {echo(request.job_id)}")
+        return got

@@ -1,4 +1,5 @@
-"""Diagnostics.Triage: a failed job's logs and exit status in, its failure class and next step out.
+"""Diagnostics.Triage: a failed job's logs and exit status in, its failure class and next step out; and
+RecordTriage / GetTriage, where a node epilog leaves its verdict on a multi-node job for the controller's hook.
 
 The judge (robustd.triage) is pure and CPU-bound; it runs in a worker thread so the event loop keeps
 answering every other call, and at most `MAX_CONCURRENT` triages run at once (the rest wait their
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -27,7 +30,7 @@ from robustd import bounds
 from robustd.api.requests import Invalid
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.triage import MAX_LOG_BYTES, MAX_LOGS, Evidence, LogText, Triage, to_json, triage
-from robustd.triage.model import MAX_NAME
+from robustd.triage.model import CLASSES, INFRA, MAX_NAME, NEXT
 from robustd.triage.status import exit_code, signal_name
 
 MAX_CONCURRENT = 2  # triages judged at once; more wait (each holds a worker thread and its logs)
@@ -139,3 +142,66 @@ async def handle(request: pb.TriageRequest, context: grpc.aio.ServicerContext) -
             log.exception("Triage of %d logs failed", len(logs))
             await context.abort(grpc.StatusCode.INTERNAL, f"triage failed: {type(e).__name__}")
     raise AssertionError("unreachable")  # context.abort raises
+
+
+# --- the node epilogs' verdicts (RecordTriage / GetTriage) ------------------------------------------------
+
+MAX_JOBS = 512  # verdicts kept; the oldest goes first
+KEEP_FOR = 3600.0  # seconds a verdict is kept: the controller reads it within seconds of the job's end
+MAX_JOB_ID = 64
+MAX_KEPT_EVIDENCE = 8  # evidence lines kept with a recorded verdict (each line is already clipped by the judge)
+MAX_KEPT_TEXT = 1024  # characters of a recorded reason or evidence line
+
+
+def job_id_of(text: str) -> str:
+    if not text:
+        raise Invalid("job_id is required")
+    if len(text) > MAX_JOB_ID or not text.isprintable() or any(c.isspace() for c in text):
+        raise Invalid(f"job_id must be 1 to {MAX_JOB_ID} printable characters without spaces: {bounds.echo(text)}")
+    return text
+
+
+def recorded_verdict(resp: pb.TriageResponse) -> pb.TriageResponse:
+    """A recorded verdict checked against the judge's vocabulary and cut to a bounded size. Raises Invalid."""
+    klass = getattr(resp, "class")
+    for name, value, allowed in (("class", klass, CLASSES), ("infra", resp.infra, INFRA), ("next", resp.next, NEXT)):
+        if value not in allowed:
+            raise Invalid(f"verdict.{name} {bounds.echo(value)} is not one of {', '.join(allowed)}")
+    out = pb.TriageResponse()
+    out.CopyFrom(resp)
+    del out.evidence[MAX_KEPT_EVIDENCE:]
+    for e in out.evidence:
+        e.text, e.file = e.text[:MAX_KEPT_TEXT], e.file[:MAX_NAME]
+    del out.ranks[64:]
+    del out.partial[16:]
+    out.reason, out.level = out.reason[:MAX_KEPT_TEXT], out.level[:256]
+    return out
+
+
+class JobTriages:
+    """The verdicts node epilogs recorded, by job id: bounded in count and age, in memory only."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self._jobs: OrderedDict[str, pb.JobTriage] = OrderedDict()
+
+    def record(self, request: pb.RecordTriageRequest) -> None:
+        job = job_id_of(request.job_id)
+        entry = pb.JobTriage(job_id=job)
+        if request.HasField("verdict"):
+            entry.verdict.CopyFrom(recorded_verdict(request.verdict))
+        entry.recorded_at.FromNanoseconds(int(self._clock() * 1e9))
+        self._jobs.pop(job, None)
+        self._jobs[job] = entry
+        while len(self._jobs) > MAX_JOBS:
+            self._jobs.popitem(last=False)
+
+    def get(self, job_id: str) -> pb.JobTriage | None:
+        job = job_id_of(job_id)
+        cutoff = self._clock() - KEEP_FOR
+        while self._jobs:
+            oldest = next(iter(self._jobs.values()))
+            if oldest.recorded_at.ToNanoseconds() / 1e9 >= cutoff:
+                break
+            self._jobs.popitem(last=False)
+        return self._jobs.get(job)

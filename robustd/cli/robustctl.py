@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "--trace tests/fixtures/stragglers/trace-AR.parquet"), _add_globals)
     from robustd.cli import slurm
 
-    slurm.add_parser(verb("slurm", "Slurm hooks (healthcheck, prolog, epilog) and robustd-slurm's status",
+    slurm.add_parser(verb("slurm", "Slurm hooks (healthcheck, prolog, epilog, epilog-ctld, prolog-ctld) and "
+                          "robustd-slurm's status",
                           "robustctl slurm status"), _add_globals)
     from robustd.cli import trace
 

@@ -146,17 +146,12 @@ class RuleSet:
 
 
 class _Lines:
-    """`file:line` of a key in the rule file; the YAML is composed into nodes only when a problem is reported."""
+    """`file:line` of a key in the rule file, from the nodes yamlpos.load composed while reading it."""
 
-    def __init__(self, text: str, path: str):
-        self.text, self.path = text, path
-        self._root: yaml.Node | None = None
-        self._composed = False
+    def __init__(self, root: yaml.Node | None, path: str):
+        self._root, self.path = root, path
 
     def __call__(self, *loc: Any) -> str:
-        if not self._composed:
-            self._root = yaml.compose(self.text, Loader=_Loader)
-            self._composed = True
         return _where(self._root, loc, self.path)
 
 
@@ -183,7 +178,7 @@ def load(path: str = SHIPPED) -> RuleSet:
     """The rule set in `path`, its examples and counter-examples checked; RuleError lists every problem."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-        _root, data, twice = yamlpos.load(text, path)
+        root, data, twice = yamlpos.load(text, path)
     except OSError as e:
         raise RuleError([f"{path}: cannot read triage rules: {e.strerror}"]) from e
     except yaml.YAMLError as e:
@@ -194,7 +189,7 @@ def load(path: str = SHIPPED) -> RuleSet:
     try:
         spec = RuleFile.model_validate(data)
     except ValidationError as e:
-        lines = _Lines(text, path)
+        lines = _Lines(root, path)
         problems = []
         for item in e.errors():
             key = ".".join(str(p) for p in item["loc"])
@@ -202,7 +197,7 @@ def load(path: str = SHIPPED) -> RuleSet:
                 item["type"], item["msg"].removeprefix("Value error, "))
             problems.append(f"{lines(*item['loc'])}: {key}: {msg}")
         raise RuleError(problems) from e
-    lines = _Lines(text, path)
+    lines = _Lines(root, path)
     problems: list[str] = []
     missing = [c for c in CLASSES if c not in spec.classes]
     if missing:

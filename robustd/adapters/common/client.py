@@ -53,6 +53,20 @@ def get_verdict(socket: str, timeout: float) -> pb.Verdict:
         channel.close()
 
 
+def record_triage(socket: str, job: str, verdict: pb.TriageResponse | None, timeout: float) -> None:
+    """Diagnostics.RecordTriage: leave this node's verdict on `job` (None: no log read) for the controller."""
+    channel = open_channel(socket)
+    try:
+        req = pb.RecordTriageRequest(job_id=job)
+        if verdict is not None:
+            req.verdict.CopyFrom(verdict)
+        pb_grpc.DiagnosticsStub(channel).RecordTriage(req, timeout=timeout)
+    except grpc.RpcError as e:
+        raise Unreachable(f"robustd at {socket}: {e.code().name}: {e.details()}") from None
+    finally:
+        channel.close()
+
+
 def run_diagnostic(socket: str, level: str, run_timeout: float, force: bool = False,
                    holder: list[Any] | None = None) -> pb.DiagnosticReport:
     """Diagnostics.Run at `level`, bounded by `run_timeout` (the daemon's limit, plus a margin for our deadline).

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from robustd.adapters.common.config import ActionName
 from robustd.config import LEVELS, Schema, known
@@ -71,6 +80,54 @@ def _log_pattern(value: str) -> str:
 LogPattern = Annotated[str, AfterValidator(_log_pattern)]
 
 
+def _off(value: object) -> object:
+    """`off` (YAML reads an unquoted off as false) and null: no preflight."""
+    return None if value is False or value is None or value == "off" else value
+
+
+Preflight = Annotated[str | None, BeforeValidator(_off), AfterValidator(_level)]
+CTLD_MAX_TIMEOUT = 3600.0  # the job-level diagnosis after a job; slurmctld holds the job's record meanwhile
+
+
+class CtldConfig(BaseModel):
+    """The controller's hooks (`robustctl slurm epilog-ctld | prolog-ctld`, README "Slurm"): the job-level
+    diagnosis over the job's nodes' daemons, dialled over TCP with mutual TLS."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # On the nodes: EpilogSlurmctld is robustd's, so the node epilog of a multi-node job leaves the diagnosis to
+    # it (never two runs racing for one node); a single-node job is diagnosed by the node epilog either way.
+    epilog: Flag = False
+    port: int = Field(default=7070, ge=1, le=65535)  # the nodes' robustd listen.tcp port
+    rendezvous_port: int = Field(default=29500, ge=1, le=65535)  # the collectives' first port (fleet diagnose --port)
+    # The controller's client certificate (its identity must be in the nodes' authz.disruptive.identities), its
+    # key, and the CA that signed the nodes' certificates. Checked when a hook runs, not at load: one robustd.yaml
+    # is often shared by the nodes, which have no such files.
+    tls_ca: AbsPath | None = None
+    tls_cert: AbsPath | None = None
+    tls_key: AbsPath | None = None
+    level: Level = "quick"  # the local tests of the diagnosis (all_gather always follows); null: the daemons' default
+    timeout: PositiveDuration = 300.0  # the whole diagnosis after a failed job
+    preflight: Preflight = None  # off, or the level prolog-ctld runs before a multi-node job starts
+    preflight_timeout: PositiveDuration = 60.0
+    # A pair below this fraction of the median pair's bus bandwidth is slow (`fleet diagnose --slow-fraction`):
+    # 0.5 for a fabric whose healthy pairs measure within a few percent of each other.
+    slow_fraction: float = Field(default=0.5, gt=0, lt=1)
+
+    @field_validator("timeout", "preflight_timeout")
+    @classmethod
+    def _bounded(cls, value: float) -> float:
+        if value > CTLD_MAX_TIMEOUT:
+            raise ValueError(f"must be at most {CTLD_MAX_TIMEOUT:g}s")
+        return value
+
+    @model_validator(mode="after")
+    def _tls_together(self) -> CtldConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
+
+
 class SlurmConfig(BaseModel):
     """How robustd-slurm and the robustctl hooks act on this node's verdict (README, "Slurm")."""
 
@@ -105,6 +162,7 @@ class SlurmConfig(BaseModel):
     hook_timeout: PositiveDuration = 30.0  # healthcheck and prolog end within this, whatever hangs
     scontrol: NameOrPath = "scontrol"  # looked up on $PATH, or a path
     sinfo: NameOrPath = "sinfo"
+    ctld: CtldConfig = Field(default_factory=CtldConfig)  # the controller's hooks (EpilogSlurmctld, PrologSlurmctld)
 
     @field_validator("reason_prefix")
     @classmethod

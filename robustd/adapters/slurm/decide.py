@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass, replace
 
 from robustd.adapters.common.model import Cond
@@ -124,6 +125,22 @@ def _adopt(node: NodeView, h: Health, cfg: SlurmConfig, now: float) -> DrainReco
     return DrainRecord(reason=node.reason, mode=mode, seq=h.newest_fault_seq, at=now, boot_id="")
 
 
+def kept_drained(cfg: SlurmConfig, reason: str) -> str:
+    """Why a drain with robustd's prefix is not resumed when the live verdict is good ("" when it is): the
+    controller's hold during a job-level diagnosis (released by that hook), or the FAIL of a diagnosis (the
+    node epilog's `diagnostic <id> FAIL after job`, the controller's `job <id> diagnosis FAIL` / `preflight`),
+    held until an operator resumes the node."""
+    rest = reason.removeprefix(cfg.reason_prefix).strip()
+    if rest.startswith("diagnosing after job "):
+        return "held by the controller's job-level diagnosis; that hook releases it"
+    if _DIAGNOSED.match(rest):
+        return "drained for a failed diagnosis; an operator resumes it (the live verdict cannot see what it found)"
+    return ""
+
+
+_DIAGNOSED = re.compile(r"(?:diagnostic \S+ FAIL after job |job \S+ (?:diagnosis|preflight) FAIL: )")
+
+
 def _rebooted(d: DrainRecord, node: NodeView, h: Health) -> bool:
     """Did the reboot robustd asked for happen? The daemon's boot id changed (or, adopted, Slurm says it is done)."""
     if d.boot_id:
@@ -152,6 +169,16 @@ def decide(cfg: SlurmConfig, h: Health, node: NodeView, st: AgentState, now: flo
             _released(st)
         if not h.bad:
             st.suppressed = None
+        return Plan(Do.NOTHING, note=note), st
+
+    if ours and (why := kept_drained(cfg, node.reason)):
+        # Not the live verdict's to undo: the hold is the controller hook's, a diagnosis's FAIL stands for what
+        # the stop-time tests found (a slow link no live check sees) until an operator resumes the node.
+        note = "" if st.drain is not None and st.drain.reason == node.reason else f"{node.name}: {why}"
+        if st.drain is None or st.drain.reason != node.reason:
+            st.drain = _adopt(node, h, cfg, now)
+        st.ok_since = None
+        st.suppressed = None
         return Plan(Do.NOTHING, note=note), st
 
     if ours:

@@ -20,15 +20,12 @@ job run (exit 0), because a hook that failed closed would drain or block a whole
 
 from __future__ import annotations
 
-import glob
-import itertools
 import json
 import logging
 import logging.handlers
 import os
 import re
 import signal
-import stat
 import sys
 import time
 from dataclasses import asdict
@@ -42,10 +39,11 @@ from robustd.adapters.slurm.actor import Actor, Result
 from robustd.adapters.slurm.agent import node_name, state_path
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
 from robustd.adapters.slurm.decide import Health, assess, fault_text, recent_resumes, respected
-from robustd.adapters.slurm.hung_job import JOB_ID, capture_hang
+from robustd.adapters.slurm.hung_job import capture_hang
+from robustd.adapters.slurm.jobs import job_failed, job_logs, job_status, worth_diagnosing
 from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
-from robustd.roots import DEFAULT_DEV, DEFAULT_PROC
+from robustd.roots import DEFAULT_DEV
 
 if TYPE_CHECKING:
     from robustd.triage import LogText, Triage
@@ -113,6 +111,8 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
     setup_logging(verb)
     from robustd.config import ConfigError
 
+    if verb in ("epilog-ctld", "prolog-ctld"):
+        return _ctld(verb, config_path, os.environ if env is None else env)
     try:
         hook = Hook(verb, config_path, socket, rpc_timeout)
     except ConfigError as e:
@@ -130,6 +130,44 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
         return epilog(hook, os.environ if env is None else env)
     except _OutOfTime:
         log.error("did not finish within %.0fs; changing nothing more", hook.budget)
+        return EXIT_OK
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _ctld(verb: str, config_path: str, env: Mapping[str, str]) -> int:
+    """The controller's hooks (robustd/adapters/slurm/ctld_hook.py): fail open, and exit 0 whatever happens,
+    but for prolog-ctld's 1 when its preflight drained a suspect (Slurm then requeues the job)."""
+    from robustd.config import ConfigError
+
+    try:
+        cfg: SlurmConfig = load_settings(config_path, SCHEMA).section("slurm")
+    except ConfigError as e:
+        log.error("invalid config %s; holding nothing:\n%s", config_path, e)
+        return EXIT_OK
+    from robustd.adapters.slurm import ctld_hook
+    from robustd.adapters.slurm.ctld_triage import TRIAGE_WAIT, job_triage
+    from robustd.fleet.diagnose import diagnose
+
+    epilog = verb == "epilog-ctld"
+    budget = (cfg.ctld.timeout if epilog else cfg.ctld.preflight_timeout) + 30
+    slurm = Slurm(cfg.scontrol, cfg.sinfo, cfg.command_timeout)
+    slurm.deadline = time.monotonic() + budget
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(int(budget) + 3)
+    try:
+        if not epilog:
+            return ctld_hook.prolog_ctld(cfg, env, slurm, diagnose)
+        wait = min(TRIAGE_WAIT, cfg.ctld.timeout / 5)
+        return ctld_hook.epilog_ctld(
+            cfg, env, slurm, diagnose,
+            triage=lambda job, targets: job_triage(cfg, slurm, env, job, targets, time.monotonic() + wait))
+    except _OutOfTime:
+        log.error("did not finish within %.0fs; changing nothing more", budget)
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001 - the controller's hooks fail open
+        log.error("%s: %s; changing nothing more", type(e).__name__, e)
         return EXIT_OK
     finally:
         signal.alarm(0)
@@ -178,47 +216,6 @@ def prolog(hook: Hook) -> int:
     return EXIT_REFUSE
 
 
-def job_failed(env: Mapping[str, str]) -> bool | None:
-    """Slurm's epilog environment: SLURM_JOB_EXIT_CODE (a wait status), else SLURM_JOB_EXIT_CODE2 (`code:signal`)."""
-    raw = env.get("SLURM_JOB_EXIT_CODE", "").strip()
-    if raw.lstrip("-").isdigit():
-        return int(raw) != 0
-    two = env.get("SLURM_JOB_EXIT_CODE2", "").strip()
-    if two:
-        try:
-            return any(int(p) != 0 for p in two.split(":"))
-        except ValueError:
-            return None
-    return None
-
-
-def job_status(env: Mapping[str, str]) -> tuple[int | None, str | None] | None:
-    """(exit code, signal name) of the job: SLURM_JOB_EXIT_CODE is a wait status, SLURM_JOB_EXIT_CODE2
-    `code:signal`. A job killed by a signal has no exit code (None); None when neither can be read."""
-    from robustd.triage.status import signal_name
-
-    def sig(n: int) -> str | None:
-        try:
-            return signal_name(str(n)) if n else None
-        except ValueError:
-            return None
-
-    raw = env.get("SLURM_JOB_EXIT_CODE", "").strip()
-    if raw.isascii() and raw.isdigit():
-        status = int(raw)
-        if status & 0x7F and status & 0x7F != 0x7F:  # WIFSIGNALED
-            return None, sig(status & 0x7F)
-        return (status >> 8) & 0xFF, None
-    code, _, number = env.get("SLURM_JOB_EXIT_CODE2", "").strip().partition(":")
-    try:
-        c, n = int(code), int(number or 0)
-    except ValueError:
-        return None
-    if not 0 <= c <= 255 or n < 0:
-        return None
-    return (c if c or not n else None), sig(n)
-
-
 def epilog(hook: Hook, env: Mapping[str, str]) -> int:
     level = hook.cfg.epilog_diagnostics
     job = env.get("SLURM_JOB_ID", "?")
@@ -230,6 +227,8 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
         return EXIT_OK
     if not failed:
         return EXIT_OK
+    if hook.cfg.ctld.epilog and (nodes := job_nodes(hook, env)) >= 2:
+        return defer_to_ctld(hook, env, job, nodes)
     verdict = epilog_triage(hook, env, job) if hook.cfg.triage else None
     if verdict is not None and not worth_diagnosing(verdict):
         log.warning("job %s: not diagnosing: triage says %s (infra %s, next %s)", job, verdict.klass, verdict.infra,
@@ -268,21 +267,52 @@ def epilog(hook: Hook, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
+def job_nodes(hook: Hook, env: Mapping[str, str]) -> int:
+    """How many nodes the job ran on: slurmd 22.05 gives the node Epilog SLURM_NODELIST (`n[1-3]`; the
+    controller's hooks get SLURM_JOB_NODELIST); one plain name is one node, a list or range is expanded by
+    `scontrol show hostnames`; neither: 1 (the node epilog then does what it does for one node)."""
+    nodelist = (env.get("SLURM_JOB_NODELIST", "") or env.get("SLURM_NODELIST", "")).strip()
+    if not nodelist:
+        return 1
+    if not re.search(r"[\[,]", nodelist):
+        return 1
+    try:
+        return len(hook.slurm.hostnames(nodelist))
+    except SlurmError as e:
+        log.warning("cannot expand SLURM_JOB_NODELIST %r: %s; taken as one node", nodelist[:200], e)
+        return 1
+
+
+def defer_to_ctld(hook: Hook, env: Mapping[str, str], job: str, nodes: int) -> int:
+    """A failed multi-node job with the controller's hook on (`slurm.ctld.epilog`): the controller diagnoses
+    the job's nodes together, so this node runs no test of its own (never two runs racing for one node). It
+    still triages what this node can read and leaves the verdict in its robustd (Diagnostics.RecordTriage),
+    where the controller's hook looks when it cannot read the job's output itself."""
+    log.warning("job %s failed on %d nodes: the controller's EpilogSlurmctld diagnoses it (slurm.ctld.epilog); "
+                "no diagnostics here", job, nodes)
+    verdict = None
+    if hook.cfg.triage:  # a verdict only from logs this node read: none is "no log here", not "unknown"
+        try:
+            logs = job_logs(hook.cfg, hook.slurm, env, job)
+        except Exception as e:  # noqa: BLE001 - fail open: the controller then treats infra as unknown
+            log.error("job %s: reading its logs failed (%s: %s)", job, type(e).__name__, e)
+            logs = []
+        verdict = epilog_triage(hook, env, job, logs) if logs else None
+        if not logs:
+            log.info("job %s: no log of the job readable on this node", job)
+    from robustd.api.triage import response
+
+    try:
+        client.record_triage(hook.socket, job, response(verdict) if verdict is not None else None,
+                             max(0.1, min(hook.rpc_timeout, hook.remaining())))
+    except client.Unreachable as e:
+        log.warning("job %s: triage verdict not left for the controller: %s", job, e)
+    return EXIT_OK
+
+
 # --- the epilog's triage ---------------------------------------------------------------------------------
 
-NO_DIAGNOSIS = frozenset({"user_code", "oom_gpu", "oom_host"})  # never a reason to test, let alone drain, a node
-EPILOG_MAX_LOGS = 256  # logs one epilog reads (StdOut, StdErr and slurm.triage_logs matches together)
-EPILOG_READ_BYTES = 64 << 20  # all of them together: each log's tail shrinks when there are many
-EPILOG_MIN_TAIL = 64 << 10
-
-
-def worth_diagnosing(t: Triage) -> bool:
-    """Whether the stop-time tests may find what failed the job: the machine may be to blame and the judge
-    says diagnose. A user's bug or an out-of-memory never costs the node a test or a drain."""
-    return t.klass not in NO_DIAGNOSIS and t.infra in ("likely", "unknown") and t.next == "diagnose"
-
-
-def epilog_triage(hook: Hook, env: Mapping[str, str], job: str) -> Triage | None:
+def epilog_triage(hook: Hook, env: Mapping[str, str], job: str, logs: list[LogText] | None = None) -> Triage | None:
     """Triage the failed job (logged, whatever it says); a hang's leftover processes get their stacks captured.
 
     None when triage itself failed (logged): the epilog then diagnoses as it did before triage existed.
@@ -291,7 +321,8 @@ def epilog_triage(hook: Hook, env: Mapping[str, str], job: str) -> Triage | None
         from robustd.triage import triage
 
         status = job_status(env) or (None, None)
-        logs = job_logs(hook, env, job)
+        if logs is None:
+            logs = job_logs(hook.cfg, hook.slurm, env, job)
         verdict = triage(logs, exit_code=status[0], signal=status[1])
     except Exception as e:  # noqa: BLE001 - fail open: a bug in the judge must not change what the epilog does
         log.error("job %s: triage failed (%s: %s); diagnosing as without triage", job, type(e).__name__, e)
@@ -319,128 +350,6 @@ def verdict_line(job: str, t: Triage, logs: int) -> str:
         e = t.evidence[0]
         line += f"; evidence {e.file}:{e.line}: {e.text[:300]}"
     return printable(line)
-
-
-def _job_user(env: Mapping[str, str], info: Mapping[str, str]) -> tuple[int | None, str | None]:
-    """The job's uid and user name: slurmd's environment, else scontrol's UserId=name(uid)."""
-    uid_text = env.get("SLURM_JOB_UID", "").strip()
-    name = env.get("SLURM_JOB_USER", "").strip() or None
-    m = re.fullmatch(r"([^()\s]*)\((\d+)\)", info.get("UserId", ""))
-    uid = int(uid_text) if uid_text.isascii() and uid_text.isdigit() else (int(m.group(2)) if m else None)
-    if name is None and m and m.group(1):
-        name = m.group(1)
-    return uid, name
-
-
-def _expand(text: str, job: str, user: str | None, quote: Any) -> str | None:
-    """%j, %u and %% of `text` filled in; None for another %-code (%x, %N, ...) or %u without a user."""
-    out = []
-    parts = iter(re.split(r"(%.?)", text))
-    for part in parts:
-        if not part.startswith("%"):
-            out.append(part)
-        elif part == "%%":
-            out.append("%")
-        elif part == "%j":
-            out.append(quote(job))
-        elif part == "%u" and user:
-            out.append(quote(user))
-        else:
-            return None
-    return "".join(out)
-
-
-def expand_pattern(pattern: str, job: str, user: str | None) -> str | None:
-    """A `slurm.triage_logs` glob for this job: %j, %u and %% filled in (the values glob-escaped)."""
-    return _expand(pattern, job, user, glob.escape)
-
-
-def expand_path(path: str, job: str, user: str | None) -> str | None:
-    """An output file name as submitted (`out-%j.txt`) for this job; None when it has codes only Slurm knows."""
-    return _expand(path, job, user, lambda v: v)
-
-
-def job_logs(hook: Hook, env: Mapping[str, str], job: str) -> list[LogText]:
-    """The failed job's logs, each read from its end: StdOut and StdErr ($SLURM_JOB_STDOUT/STDERR, else
-    `scontrol show job`), then every `slurm.triage_logs` match; at most EPILOG_MAX_LOGS, EPILOG_READ_BYTES in all.
-
-    The epilog runs as root on paths the job's user chose: a log is read only when it is a regular file
-    owned by that user (a link to /etc/shadow, a FIFO or a device is skipped, never opened for reading).
-    """
-    from robustd.triage import MAX_LOG_BYTES
-
-    info: dict[str, str] = {}
-    uid, user = _job_user(env, info)
-    given = [p for p in (env.get("SLURM_JOB_STDOUT", ""), env.get("SLURM_JOB_STDERR", "")) if p]
-    # slurmd 22.05 hands the Epilog SLURM_JOB_STDOUT as submitted (`out-%j.txt`): %j, %u and %% are filled in
-    # here; a name with other codes (%x, %N, %A, ...), or none at all, is asked of scontrol, which expands them.
-    named = [expand_path(p, job, user) for p in given]
-    if (not named or None in named) and JOB_ID.fullmatch(job):
-        try:
-            info = hook.slurm.job(job)
-            named = [info.get("StdOut", ""), info.get("StdErr", "")]
-        except SlurmError as e:
-            log.warning("job %s: cannot ask Slurm for its output files: %s", job, e)
-        if uid is None or user is None:
-            uid, user = _job_user(env, info)
-    if uid is None:
-        log.warning("job %s: the job's user is unknown (no SLURM_JOB_UID); its logs are not read", job)
-        return []
-    paths: dict[str, None] = {p: None for p in named if p and p.startswith("/")}
-    for pattern in hook.cfg.triage_logs:
-        expanded = expand_pattern(pattern, job, user) if JOB_ID.fullmatch(job) else None
-        if expanded is None:
-            log.warning("job %s: slurm.triage_logs %r: no job id or user to fill in; skipped", job, pattern)
-            continue
-        for path in sorted(itertools.islice(glob.iglob(expanded), 4 * EPILOG_MAX_LOGS)):
-            paths.setdefault(path, None)
-    if len(paths) > EPILOG_MAX_LOGS:
-        log.warning("job %s: %d logs found; the first %d are read", job, len(paths), EPILOG_MAX_LOGS)
-    chosen = list(paths)[:EPILOG_MAX_LOGS]
-    tail = max(EPILOG_MIN_TAIL, min(MAX_LOG_BYTES, EPILOG_READ_BYTES // max(1, len(chosen))))
-    logs, seen = [], set()
-    for path in chosen:
-        got = read_owned(path, tail, uid)
-        if isinstance(got, str):
-            log.info("job %s: %s not read: %s", job, path, got)
-            continue
-        text, ident = got
-        if ident not in seen:  # StdOut and StdErr are often one file
-            seen.add(ident)
-            logs.append(text)
-    return logs
-
-
-def read_owned(path: str, tail: int, uid: int) -> tuple[LogText, tuple[int, int]] | str:
-    """The last `tail` bytes of `path` if it is a regular file owned by `uid`; else why not (a short text).
-
-    Opened with O_PATH|O_NOFOLLOW first (no device is ever opened, no final symlink followed), checked on
-    that descriptor, then reopened for reading through it, so a name swapped meanwhile cannot redirect the read.
-    """
-    from robustd.triage.reader import read_tail
-
-    try:
-        pfd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        return e.strerror or str(e)
-    try:
-        st = os.fstat(pfd)
-        if not stat.S_ISREG(st.st_mode):
-            return "not a regular file"
-        if st.st_uid != uid:
-            return f"owned by uid {st.st_uid}, not the job's user (uid {uid})"
-        try:
-            fd = os.open(os.path.join(DEFAULT_PROC, "self", "fd", str(pfd)), os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-        except OSError as e:
-            return e.strerror or str(e)
-    finally:
-        os.close(pfd)
-    try:
-        return read_tail(fd, tail, path), (st.st_dev, st.st_ino)
-    except OSError as e:
-        return e.strerror or str(e)
-    finally:
-        os.close(fd)
 
 
 def status(hook: Hook, as_json: bool) -> int:

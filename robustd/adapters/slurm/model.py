@@ -28,6 +28,7 @@ class NodeView:
     flags: frozenset[str] = frozenset()  # DRAIN, REBOOT_REQUESTED, REBOOT_ISSUED, NOT_RESPONDING, FAIL, ...
     reason: str = ""  # without Slurm's trailing " [user@time]"; "" when there is none
     partitions: tuple[str, ...] = ()
+    addr: str = ""  # NodeAddr: where the node is reached ("" when Slurm did not say; the name then)
 
     @property
     def out_of_service(self) -> bool:

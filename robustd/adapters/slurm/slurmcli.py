@@ -108,6 +108,10 @@ class Slurm:
                            "--format", "%N|%P|%E"])
         return parse_rows(text)
 
+    def hostnames(self, nodelist: str) -> list[str]:
+        """`scontrol show hostnames LIST`: a job's node list (`gpu[1-3,7]`) expanded, in Slurm's order."""
+        return parse_hostnames(self._call([self.scontrol, "show", "hostnames", nodelist]))
+
     def drain(self, name: str, reason: str) -> None:
         self._call([self.scontrol, "update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}"])
 
@@ -126,7 +130,7 @@ class Slurm:
 
 def parse_node(text: str, name: str) -> NodeView:
     """`scontrol show node NAME` (the multi-line form: the reason, which may hold anything, has its own line)."""
-    state, partitions, reason = "", (), ""
+    state, partitions, reason, addr = "", (), "", ""
     found = False
     for line in text.splitlines():
         stripped = line.strip()
@@ -144,10 +148,12 @@ def parse_node(text: str, name: str) -> NodeView:
                 state = value
             elif key == "Partitions":
                 partitions = tuple(p for p in value.split(",") if p)
+            elif key == "NodeAddr":
+                addr = value
     if not state:
         raise SlurmError(f"scontrol show node {name}: no State in its answer")
     base, flags = parse_state(state)
-    return NodeView(name=name, state=base, flags=flags, reason=reason, partitions=partitions)
+    return NodeView(name=name, state=base, flags=flags, reason=reason, partitions=partitions, addr=addr)
 
 
 _JOB_KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:]*)=")
@@ -193,3 +199,8 @@ def parse_rows(text: str) -> list[tuple[str, str, str]]:
         reason = reason.strip()
         rows.append((node.strip(), part.strip().rstrip("*"), "" if reason == "none" else reason))
     return rows
+
+
+def parse_hostnames(text: str) -> list[str]:
+    """One node name a line; blank lines skipped, each name once."""
+    return list(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))

@@ -495,6 +495,34 @@ class TriageResponse(_message.Message):
     partial: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, infra: _Optional[str] = ..., next: _Optional[str] = ..., level: _Optional[str] = ..., evidence: _Optional[_Iterable[_Union[TriageEvidence, _Mapping]]] = ..., ranks: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., partial: _Optional[_Iterable[str]] = ..., **kwargs) -> None: ...
 
+class RecordTriageRequest(_message.Message):
+    __slots__ = ("job_id", "verdict")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    verdict: TriageResponse
+    def __init__(self, job_id: _Optional[str] = ..., verdict: _Optional[_Union[TriageResponse, _Mapping]] = ...) -> None: ...
+
+class RecordTriageResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTriageRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobTriage(_message.Message):
+    __slots__ = ("job_id", "verdict", "recorded_at")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    verdict: TriageResponse
+    recorded_at: _timestamp_pb2.Timestamp
+    def __init__(self, job_id: _Optional[str] = ..., verdict: _Optional[_Union[TriageResponse, _Mapping]] = ..., recorded_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class ProcessSelector(_message.Message):
     __slots__ = ("pids", "ranks")
     PIDS_FIELD_NUMBER: _ClassVar[int]

@@ -315,6 +315,16 @@ class DiagnosticsStub:
                 request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageRequest.SerializeToString,
                 response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageResponse.FromString,
                 _registered_method=True)
+        self.RecordTriage = channel.unary_unary(
+                '/robustd.v1.Diagnostics/RecordTriage',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RecordTriageRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RecordTriageResponse.FromString,
+                _registered_method=True)
+        self.GetTriage = channel.unary_unary(
+                '/robustd.v1.Diagnostics/GetTriage',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.GetTriageRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.JobTriage.FromString,
+                _registered_method=True)
 
 
 class DiagnosticsServicer:
@@ -363,6 +373,20 @@ class DiagnosticsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordTriage(self, request, context):
+        """disruptive: it steers a drain
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTriage(self, request, context):
+        """read-only; NOT_FOUND when none was recorded
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DiagnosticsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -400,6 +424,16 @@ def add_DiagnosticsServicer_to_server(servicer, server):
                     servicer.Triage,
                     request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageRequest.FromString,
                     response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.TriageResponse.SerializeToString,
+            ),
+            'RecordTriage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordTriage,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RecordTriageRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.RecordTriageResponse.SerializeToString,
+            ),
+            'GetTriage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTriage,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.GetTriageRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.JobTriage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -591,6 +625,60 @@ class Diagnostics:
             '/robustd.v1.Diagnostics/Triage',
             robustd_dot_api_dot_v1_dot_robustd__pb2.TriageRequest.SerializeToString,
             robustd_dot_api_dot_v1_dot_robustd__pb2.TriageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordTriage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/RecordTriage',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.RecordTriageRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.RecordTriageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTriage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Diagnostics/GetTriage',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.GetTriageRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.JobTriage.FromString,
             options,
             channel_credentials,
             insecure,
