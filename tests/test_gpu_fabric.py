@@ -145,3 +145,14 @@ def test_matching_pci_tree_raises_nothing_and_a_dead_driver_with_gpus_on_the_bus
     c = cond(node2.d.wait_for(has("NVML_UNAVAILABLE", "host"), timeout=5), "NVML_UNAVAILABLE")
     assert meaning(c) == (pb.SEVERITY_CRITICAL, pb.ACTION_REBOOT) and c is not None
     assert c.evidence["pci_gpus"] == "8"
+
+
+def test_a_container_given_some_gpus_does_not_call_the_others_missing(make_daemon: Any, short_tmp: Path,
+                                                                      lib: str) -> None:  # noqa: F811
+    """NVIDIA's container runtime sets NVIDIA_VISIBLE_DEVICES: NVML then lists only those GPUs, /sys the bus."""
+    sys_root = pci_tree(short_tmp)
+    node = Node(make_daemon, short_tmp, lib, state=nvml_for(FIXTURE_GPUS[:2]), config={"roots": {"sys": str(sys_root)}},
+                env={"NVIDIA_VISIBLE_DEVICES": "0,1"})
+    time.sleep(1.0)
+    assert not [c for c in node.d.verdict().conditions if c.code == "GPU_MISSING"]
+    assert "NVIDIA_VISIBLE_DEVICES=0,1: the GPUs are not compared with the PCI bus" in node.d.log()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -42,6 +43,8 @@ from robustd.codes import CodeRule
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
 from robustd.model import Action, Finding, FindingBatch, FindingKind, Severity
 from robustd.roots import DEFAULT_NVML_LIBRARY, DEFAULT_SYS
+
+log = logging.getLogger("robustd.checks.gpu")
 
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
@@ -213,6 +216,11 @@ class GpuCheck(Check):
         """What to compare NVML's GPUs with: the host's PCI bus, or with the emulator a fixture tree only
         (emulated GPUs are not on this host's bus; comparing them with it would be a false alarm)."""
         if cfg.backend == "emulator" and ctx.roots.sys == DEFAULT_SYS:
+            return None
+        visible = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+        if visible and visible.lower() != "all":
+            # In a container given some of the host's GPUs, NVML lists those while /sys shows the whole bus.
+            log.info("NVIDIA_VISIBLE_DEVICES=%s: the GPUs are not compared with the PCI bus", visible[:100])
             return None
         return PciGpus(ctx.roots.sys_path("bus", "pci", "devices"))
 
