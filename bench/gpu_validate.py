@@ -4,7 +4,9 @@ Bounded (every step has a limit, the whole run `--budget`, default 300 s) and ne
 the shell wrapper makes a venv from the wheelhouse and runs this from the checkout. Steps:
 
 1. nvml: NVML through the pinned pynvml, as the GPU check calls it: the inventory, every field the
-   poll reads per GPU (value, NOT_SUPPORTED or error), and the event types each GPU supports;
+   poll reads per GPU (value, NOT_SUPPORTED or error), the event types each GPU supports, and the NVLink
+   fabric info (state, status, clique, cluster uuid, health mask; NOT_SUPPORTED where the GPU has no fabric,
+   by the call or by its state);
 2. daemon: robustd with `checks.gpu.backend: nvml`: the GPU check's status and note (events
    NOT_SUPPORTED anywhere), the verdict on this (presumably healthy) node, the inventory it logged;
 3. diag: the `all_to_all` and `minigpt` stop-time tests on the NCCL/CUDA path, twice: both PASS,
@@ -115,6 +117,20 @@ def field_batch_agrees(n: Any, handle: Any) -> dict[str, Any]:
     return {"asked": asked, "ours": ours, "pynvml": theirs, "same": ours == theirs}
 
 
+def fabric_info(n: Any, handle: Any) -> dict[str, Any]:
+    """The GPU check's read of the NVLink fabric (checks/gpu/fabric.py), and the call's own answer: which of
+    its fields this driver and GPU give (the state NOT_SUPPORTED on PCIe cards; the call on pre-Hopper)."""
+    from checks.gpu.fabric import nvmlDeviceGetGpuFabricInfoV
+
+    try:
+        info = nvmlDeviceGetGpuFabricInfoV(handle)
+    except n.NVMLError as e:
+        return {"call": "NOT_SUPPORTED" if e.value == n.NVML_ERROR_NOT_SUPPORTED else f"error: {e}"}
+    return {"call": "ok", "state": info.state_name, "status": info.status_name, "clique": info.clique,
+            "cluster_uuid": info.cluster, "health_mask": "NOT_SUPPORTED" if info.health_mask is None
+            else hex(info.health_mask), "problems": info.problems()}
+
+
 def step_nvml() -> Row:
     import pynvml as n
 
@@ -142,6 +158,9 @@ def step_nvml() -> Row:
                                   if isinstance(types, int) else types)
             gpu["events_watched"] = bool(isinstance(types, int) and types & WANTED)
             gpu["field_batch"] = field_batch_agrees(n, h)
+            gpu["fabric"] = fabric_info(n, h)
+            if gpu["fabric"].get("state") in ("NOT_SUPPORTED", None):
+                unsupported.setdefault("fabric", []).append(str(i))
             gpus.append(gpu)
         batch_ok = all(g["field_batch"]["same"] for g in gpus)
         detail = (f"{len(gpus)} GPUs, driver {_value(n.nvmlSystemGetDriverVersion())}; NOT_SUPPORTED: "

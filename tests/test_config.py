@@ -27,6 +27,8 @@ def check_config(path: Path) -> subprocess.CompletedProcess[str]:
     ("checks:\n  kernel:\n    enabled: true\n    interval: -1s\n", "checks.kernel.interval", 4, "negative"),
     ("checks:\n  kernel:\n    interval: 0s\n", "checks.kernel.interval", 3, "greater than zero"),
     ("checks:\n  kernel:\n    lookback: 5\n", "checks.kernel.lookback", 3, "no unit"),
+    ("checks:\n  gpu:\n    enabled: true\n    fabric_grace: -1s\n", "checks.gpu.fabric_grace", 4, "negative"),
+    ("checks:\n  gpu:\n    fabric_grace: 60\n", "checks.gpu.fabric_grace", 3, "no unit"),
     ("policy:\n  codes:\n    XID_13: {severity: SEVERE}\n", "policy.codes.XID_13.severity", 3, "must be one of"),
     ("checks:\n  kernl: {}\n", "checks.kernl", 2, "unknown check"),
     ("listen:\n  unix: [unclosed\n", "", 3, "malformed YAML"),

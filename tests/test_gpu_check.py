@@ -35,7 +35,8 @@ class Node:
     """A daemon whose GPU check runs on the emulator, and the emulator's state file."""
 
     def __init__(self, make_daemon: Any, root: Path, lib: str, gpus: int = 8, gpu: dict[str, Any] | None = None,
-                 config: dict[str, Any] | None = None, state: emu.EmulatorState | None = None):
+                 config: dict[str, Any] | None = None, state: emu.EmulatorState | None = None,
+                 env: dict[str, str] | None = None):
         self.state = str(root / f"nvml-{time.monotonic_ns()}.state")
         emu.save(self.state, state or emu.healthy_node(gpus))
         fast = {code: {"clear_after": "1s"} for code in CODES}
@@ -44,7 +45,7 @@ class Node:
                                   "replay_window": "2s", "nvlink_counters_every": 1, **(gpu or {})},
                           "kernel": {"enabled": False}},  # other tests write the real /dev/kmsg
                "policy": {"codes": fast}}
-        self.d: Daemon = make_daemon({**cfg, **(config or {})})
+        self.d: Daemon = make_daemon({**cfg, **(config or {})}, **({"env": env} if env else {}))
         self.d.start()
 
     def edit(self, fn: Any) -> None:

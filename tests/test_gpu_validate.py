@@ -45,6 +45,7 @@ def test_the_gpu_path_runs_against_a_driver_stand_in(tmp_path: Path, lib: str) -
     state = emu.healthy_node(4)
     state.gpus[1].event_types = 0
     state.gpus[2].power_mw = -1
+    state.gpus[3].fabric_state = emu.FABRIC_NOT_SUPPORTED  # a PCIe card among them
     path = tmp_path / "nvml.state"
     emu.save(str(path), state)
     out = tmp_path / "summary.json"
@@ -59,6 +60,9 @@ def test_the_gpu_path_runs_against_a_driver_stand_in(tmp_path: Path, lib: str) -
     assert len(gpus) == 4 and gpus[0]["fields"]["temperature"] == 35 and gpus[0]["events_watched"]
     assert gpus[1]["event_types"] == [] and not gpus[1]["events_watched"]
     assert gpus[2]["fields"]["power_mw"].startswith("error: ")
+    assert gpus[0]["fabric"]["state"] == "COMPLETED" and gpus[0]["fabric"]["problems"] == []
+    assert gpus[3]["fabric"]["state"] == "NOT_SUPPORTED"
+    assert steps["nvml"]["data"]["not_supported"]["fabric"] == ["3"] and "fabric (GPU 3)" in steps["nvml"]["detail"]
     daemon = steps["daemon"]["data"]
     assert daemon["gpu_check"]["note"].startswith("NVML events NOT_SUPPORTED on 1 of 4 GPUs")
     assert any("GPU_POWER_UNREADABLE" in c for c in daemon["conditions"])

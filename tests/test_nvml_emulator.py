@@ -195,3 +195,33 @@ def test_init_without_state_or_with_a_driver_error(lib: str, node: Path) -> None
     st.init_error = 18  # LIB_RM_VERSION_MISMATCH
     emu.save(str(node), st)
     assert run(lib, node, "print(json.dumps(code(n.nvmlInit)))") == 18
+
+
+def test_fabric_info_through_pynvml_in_both_struct_versions(lib: str, node: Path) -> None:
+    got = run(lib, node, """
+        edit(lambda s: [emu.apply_fault(s, 1, "fabric", value="not-started"), emu.apply_fault(s, 2, "fabric",
+             value="error"), emu.apply_fault(s, 3, "fabric", value="degraded"), emu.set_value(s, 4, "fabric_state",
+             "0"), emu.set_value(s, 5, "fabric_state", "-1"), emu.set_value(s, 6, "fabric_clique", "9")])
+        n.nvmlInit()
+        out = []
+        for i in range(8):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            v2, v3 = n.c_nvmlGpuFabricInfoV_t(), n.c_nvmlGpuFabricInfo_v3_t()
+            r = code(n.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(v2))
+            r3 = code(n.nvmlDeviceGetGpuFabricInfoV, h, ctypes.byref(v3))
+            out.append([r, v2.state, v2.status, v2.cliqueId, v2.healthMask, bytes(v2.clusterUuid).hex(),
+                        r3, v3.healthSummary])
+        bad = n.c_nvmlGpuFabricInfoV_t()
+        bad.version = 0x01000010
+        out.append(code(n.nvmlDeviceGetGpuFabricInfoV, n.nvmlDeviceGetHandleByIndex(0), ctypes.byref(bad)))
+        print(json.dumps(out))
+    """)
+    uuid = "5ef1a7c00b3e4f6d9a217c0de0000001"
+    assert got[0] == [0, 3, 0, 1, 0xAA, uuid, 0, 1]  # completed, success, healthy summary
+    assert got[1][:3] == [0, 1, 0]  # NOT_STARTED
+    assert got[2][:3] == [0, 3, 999]  # completed with NVML_ERROR_UNKNOWN
+    assert got[3][1] == 3 and got[3][4] == 0xA9 and got[3][7] == 3  # degraded bandwidth: limited capacity
+    assert got[4][:2] == [0, 0] and got[4][7] == 0  # state NOT_SUPPORTED (a PCIe card)
+    assert got[5][0] == 3 and got[5][6] == 3  # the call NOT_SUPPORTED (pre-Hopper)
+    assert got[6][3] == 9
+    assert got[8] == 25  # another struct version: NVML_ERROR_ARGUMENT_VERSION_MISMATCH

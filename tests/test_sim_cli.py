@@ -59,6 +59,8 @@ def test_init_show_set_fault_clear(tmp_path: Path) -> None:
     (("--state", "{state}", "set", "gpu", "0", "temperature", "hot"), "must be a number"),
     (("--state", "{state}", "fault", "gpu", "0", "melted"), "invalid choice"),
     (("--state", "{state}", "init", "--gpus", "17"), "0 to 16"),
+    (("--state", "{state}", "fault", "gpu", "0", "fabric"), "needs a value"),
+    (("--state", "{state}", "fault", "gpu", "0", "fabric", "melted"), "unknown fabric fault"),
 ])
 def test_bad_input_is_a_usage_error(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     path = str(tmp_path / "nvml.state")
@@ -83,3 +85,23 @@ def test_state_text_round_trips_and_rejects_garbage() -> None:
         emu.loads("driver_version = 1\nwat = 3\n", "line")
     with pytest.raises(ValueError, match=r"expected \[gpu 0\]"):
         emu.loads("[gpu 3]\n")
+
+
+def test_fabric_faults_and_a_node_without_a_fabric(tmp_path: Path) -> None:
+    path = str(tmp_path / "nvml.state")
+    env = {emu.ENV_VAR: path}
+    assert sim("init", "--gpus", "2", env=env).returncode == 0
+    assert sim("fault", "gpu", "0", "fabric", "not-started", env=env).returncode == 0
+    assert sim("fault", "gpu", "1", "fabric", "error", env=env).returncode == 0
+    st = emu.load(path)
+    assert st.gpus[0].fabric_state == emu.FABRIC_NOT_STARTED and st.gpus[0].fault_list == ["fabric-not-started"]
+    assert (st.gpus[1].fabric_state, st.gpus[1].fabric_status) == (emu.FABRIC_COMPLETED, emu.NVML_ERROR_UNKNOWN)
+    assert sim("clear", "gpu", "0", env=env).returncode == 0 and sim("clear", "gpu", "1", env=env).returncode == 0
+    st = emu.load(path)
+    assert [(g.fabric_state, g.fabric_status) for g in st.gpus] == [(emu.FABRIC_COMPLETED, 0)] * 2
+
+    r = sim("init", "--gpus", "2", "--no-fabric", env=env)
+    assert r.returncode == 0 and "no NVLink fabric" in r.stdout
+    assert [g.fabric_state for g in emu.load(path).gpus] == [emu.FABRIC_NOT_SUPPORTED] * 2
+    r = sim("fault", "gpu", "0", "fabric", "error", env=env)
+    assert r.returncode == 64 and "has no NVLink fabric" in r.stderr

@@ -10,12 +10,18 @@ action) arrive through `checks/gpu/events.py`: the first poll, once the inventor
 registers one event set over every GPU and starts its waiting thread; `reports` hands its findings
 to the daemon as they come (the watch half of mode "both"). GPUs or drivers without events are
 named once in ListChecks (`note`) and stay polled. The poll keeps everything NVML does not push.
+
+Each poll also reads every GPU's NVLink fabric registration (`checks/gpu/fabric.py`; GPUs without a fabric
+are named once in the note and not asked again) and compares NVML's GPUs with the NVIDIA GPUs the PCI bus
+shows (`checks/gpu/pci.py`): one on the bus that NVML does not list is GPU_MISSING on `gpu/<bdf>`. With the
+emulator that comparison needs `roots.sys` to be a fixture tree (the emulated GPUs are not on this host's bus).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -27,14 +33,18 @@ import pynvml
 from checks.gpu.config import RULES, GpuConfig, GpuThresholds, thresholds
 from checks.gpu.device import _Current, _Gpu
 from checks.gpu.events import EventWatcher, address, emitter
+from checks.gpu.fabric import FabricInfo, cliques, nvmlDeviceGetGpuFabricInfoV
 from checks.gpu.nvml_fields import FieldBatch
 from checks.gpu.parse import normalize_bus_id, nvml_text
+from checks.gpu.pci import PciGpus
 from checks.kernel import xid
 from robustd.check import Check, CheckContext
 from robustd.codes import CodeRule
 from robustd.inventory import NO_GPUS, GpuDevice, GpuInventory
 from robustd.model import Action, Finding, FindingBatch, FindingKind, Severity
-from robustd.roots import DEFAULT_NVML_LIBRARY
+from robustd.roots import DEFAULT_NVML_LIBRARY, DEFAULT_SYS
+
+log = logging.getLogger("robustd.checks.gpu")
 
 HW_REASONS = {0x8: "hw_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown"}
 NVLINK_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}
@@ -65,6 +75,8 @@ class GpuCheck(Check):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[list[Finding]] | None = None
         self._hang_grace = 1.0
+        self._no_fabric: list[str] = []  # bus ids of GPUs without an NVLink fabric (said once in the note)
+        self._pci: PciGpus | None = None  # None: no PCI comparison (the emulator on this host's own /sys)
 
     def borrowed_codes(self) -> Mapping[str, CodeRule]:
         """The Xid table (checks/kernel/xid.py): NVML Xid events raise the kernel check's codes, also where the
@@ -72,8 +84,14 @@ class GpuCheck(Check):
         return xid.codes()
 
     def note(self) -> str:
-        """Shown once in ListChecks: GPUs whose driver pushes no NVML events (they stay polled)."""
-        return self._events_note
+        """Shown once in ListChecks: GPUs whose driver pushes no NVML events (they stay polled), and GPUs
+        without an NVLink fabric (PCIe cards: nothing about the fabric is raised for them)."""
+        fabric = ""
+        if self._no_fabric:
+            total = len(self.inventory)
+            fabric = (f"NVLink fabric NOT_SUPPORTED on {'all ' if len(self._no_fabric) == total else ''}"
+                      f"{len(self._no_fabric)} of {total} GPUs (PCIe cards or no NVSwitch): fabric not checked there")
+        return "; ".join(n for n in (self._events_note, fabric) if n)
 
     def gpu_inventory(self) -> GpuInventory:
         """robustd.inventory.GpuInventoryProvider: what the last poll published."""
@@ -194,7 +212,20 @@ class GpuCheck(Check):
 
         return cfg.emulator_library or build_emulator(os.path.join(ctx.state_dir, "nvml-emulator"))
 
+    def _pci_gpus(self, ctx: CheckContext, cfg: GpuConfig) -> PciGpus | None:
+        """What to compare NVML's GPUs with: the host's PCI bus, or with the emulator a fixture tree only
+        (emulated GPUs are not on this host's bus; comparing them with it would be a false alarm)."""
+        if cfg.backend == "emulator" and ctx.roots.sys == DEFAULT_SYS:
+            return None
+        visible = os.environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+        if visible and visible.lower() != "all":
+            # In a container given some of the host's GPUs, NVML lists those while /sys shows the whole bus.
+            log.info("NVIDIA_VISIBLE_DEVICES=%s: the GPUs are not compared with the PCI bus", visible[:100])
+            return None
+        return PciGpus(ctx.roots.sys_path("bus", "pci", "devices"))
+
     def _init(self, ctx: CheckContext, cfg: GpuConfig) -> None:
+        self._pci = self._pci_gpus(ctx, cfg)
         if cfg.backend == "emulator":
             from robustd.nvmlemu.state import ENV_VAR
 
@@ -264,10 +295,11 @@ class GpuCheck(Check):
             try:
                 self._init(ctx, cfg)
             except pynvml.NVMLError as e:
-                if cfg.expected_gpus:
-                    return [self._finding("host", "NVML_UNAVAILABLE", f"NVML unavailable: {e}",
-                                          error=str(e), expected_gpus=str(cfg.expected_gpus))]
-                ctx.log.info("NVML unavailable (%s); no GPUs expected", e)
+                on_bus = self._on_bus()
+                if cfg.expected_gpus or on_bus:  # GPUs expected, or on the PCI bus: the driver is missing
+                    return [self._finding("host", "NVML_UNAVAILABLE", f"NVML unavailable: {e}", error=str(e),
+                                          expected_gpus=str(cfg.expected_gpus or ""), pci_gpus=str(len(on_bus)))]
+                ctx.log.info("NVML unavailable (%s); no GPUs expected or on the PCI bus", e)
                 return []
         if self._events is None and self._loop is not None:
             self._watch_events(ctx)
@@ -287,15 +319,18 @@ class GpuCheck(Check):
                                           reason="count", found=str(count), expected=str(cfg.expected_gpus)))
         pids: set[int] = set()
         utils: list[int] = []
+        fabrics: dict[str, FabricInfo] = {}
         for g in self.inventory:
             if g.lost and any(f.component == f"gpu/{g.bus}" for f in findings):
                 continue
             try:
                 findings += self._poll_gpu(g, cfg, now, pids, utils)
+                findings += self._fabric(ctx, g, cfg, now, fabrics)
             except pynvml.NVMLError_GpuIsLost:
                 g.lost = True
                 findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"NVML: GPU {g.bus} is lost",
                                               reason="NVML_ERROR_GPU_IS_LOST", uuid=g.uuid))
+        findings += self._clique_mismatch(fabrics) + self._missing_on_pci()
         findings += self._stall(ctx, cfg, now, pids, utils)
         self.compute_pids = frozenset(pids)
         self._publish()  # read by the diagnostics (a busy node refuses a Run) and the tracer
@@ -312,6 +347,89 @@ class GpuCheck(Check):
         out += self._pcie_replays(g, comp, cfg, now) + self._nvlink(g, comp, cfg) + self._power(g, comp)
         procs = self._opt(comp, pynvml.nvmlDeviceGetComputeRunningProcesses, g.handle) or []
         pids.update(int(p.pid) for p in procs)
+        return out
+
+    # -- NVLink fabric and the PCI bus ------------------------------------------------------------
+    def _fabric(self, ctx: CheckContext, g: _Gpu, cfg: GpuConfig, now: float,
+                registered: dict[str, FabricInfo]) -> list[Finding]:
+        """GPU_FABRIC_NOT_READY past fabric_grace, GPU_FABRIC_ERROR for a completed registration that failed or
+        whose health mask says degraded; a healthy registration goes into `registered` (clique comparison).
+
+        A GPU that answers NOT_SUPPORTED (the call, or the state) has no fabric: named once in the note and
+        not asked again, and nothing about the fabric is ever raised for it.
+        """
+        if g.has_fabric is False:
+            return []
+        comp = f"gpu/{g.bus}"
+        info = self._opt(comp, nvmlDeviceGetGpuFabricInfoV, g.handle)
+        if info is None or info.state == pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED:
+            g.has_fabric = False
+            self._no_fabric.append(g.bus)
+            ctx.log.info("GPU %s: NVLink fabric NOT_SUPPORTED (no NVSwitch fabric): not checked", g.bus)
+            return []
+        g.has_fabric = True
+        ev = {"state": info.state_name, "clique": str(info.clique), "cluster_uuid": info.cluster}
+        if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+            g.fabric_since = now if g.fabric_since is None else g.fabric_since
+            waited = now - g.fabric_since
+            if waited < cfg.fabric_grace:
+                return []
+            return [self._finding(comp, "GPU_FABRIC_NOT_READY",
+                                  f"NVLink fabric registration {info.state_name} for {waited:.0f}s "
+                                  f"(grace {cfg.fabric_grace:g}s): CUDA cannot use this GPU's NVLinks",
+                                  waited=f"{waited:.0f}s", **ev)]
+        g.fabric_since = None
+        problems = info.problems()
+        if problems:
+            if info.health_mask is not None:
+                ev["health_mask"] = hex(info.health_mask)
+            return [self._finding(comp, "GPU_FABRIC_ERROR", f"NVLink fabric registration completed with "
+                                  f"{', '.join(problems)}", status=info.status_name, problems=",".join(problems),
+                                  **ev)]
+        registered[g.bus] = info
+        return []
+
+    def _clique_mismatch(self, registered: dict[str, FabricInfo]) -> list[Finding]:
+        """GPUs of one node registered in different NVLink partitions (cluster uuid or clique id): they cannot
+        reach each other over NVLink, and a job spanning them falls back to PCIe or fails."""
+        groups = cliques(registered)
+        if len(groups) < 2:
+            return []
+        parts = [f"cluster {cluster} clique {clique}: {','.join(buses)}"
+                 for (cluster, clique), buses in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+        return [self._finding("host", "GPU_FABRIC_CLIQUE_MISMATCH",
+                              f"this node's GPUs are in {len(groups)} NVLink fabric cliques: {'; '.join(parts)}",
+                              cliques=" | ".join(parts))]
+
+    def _on_bus(self) -> list[str]:
+        """The NVIDIA GPUs on the PCI bus ([] where it is not compared or cannot be read)."""
+        if self._pci is None:
+            return []
+        try:
+            return self._pci.scan()
+        except OSError:
+            return []
+
+    def _missing_on_pci(self) -> list[Finding]:
+        """GPU_MISSING: an NVIDIA GPU on the PCI bus, unbound or bound to nvidia, that NVML does not list.
+
+        One bound to another driver (vfio-pci for a VM, nouveau) is not NVML's by the host's choice: skipped.
+        """
+        pci = self._pci
+        if pci is None:
+            return []
+        listed = {g.bus for g in self.inventory}
+        out = []
+        for bdf in self._on_bus():
+            if bdf in listed:
+                continue
+            driver = pci.driver(bdf)
+            if driver not in ("", "nvidia"):
+                continue
+            bound = "bound to nvidia" if driver else "no driver bound"
+            out.append(self._finding(f"gpu/{bdf}", "GPU_MISSING",
+                                     f"GPU {bdf} is on the PCI bus ({bound}) but NVML does not list it",
+                                     driver=driver or "none", nvml_gpus=str(len(listed)), **pci.ids(bdf)))
         return out
 
     def _temp_high(self, g: _Gpu, comp: str, cfg: GpuConfig) -> list[Finding]:

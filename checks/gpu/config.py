@@ -63,6 +63,9 @@ class GpuConfig(CheckConfig):
     temp_warn_margin: int = Field(default_factory=lambda: thresholds().temperature.at_slowdown.margin, ge=0)
     temp_critical_margin: int = Field(default_factory=lambda: thresholds().temperature.near_shutdown.margin, ge=0)
     init_timeout: Duration = 60.0  # a stuck nvmlInit/inventory is NVML_HANG only after this long
+    # GPU_FABRIC_NOT_READY once a GPU's NVLink fabric registration has not completed this long after robustd
+    # started (or the GPU was first seen not registered): the fabric manager takes tens of seconds at boot.
+    fabric_grace: Duration = 60.0
     slowdown_window: Duration = 10.0  # HW slowdown reasons must hold this long to raise
     busy_utilization: int = Field(default=50, ge=0, le=100)  # % above which a lower PCIe gen counts
     # NVLink error counters every Nth poll: 4 counters x 18 links is 72 NVML calls a GPU, most of the poll

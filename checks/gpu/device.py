@@ -31,6 +31,8 @@ class _Gpu:
     lost: bool = False
     link_fields: bool | None = None  # the driver answers NVML_FI_DEV_NVLINK_GET_STATE (None: not asked yet)
     link_batch: FieldBatch | None = None  # that field for each active link, asked in one call
+    has_fabric: bool | None = None  # NVLink fabric info answered with a state (None: not asked yet)
+    fabric_since: float | None = None  # first poll (monotonic) that saw its registration not completed
 
 
 class _Current:

@@ -1,6 +1,7 @@
 """`robustctl sim`: edit the NVML emulator's state file while a daemon runs on it.
 
-    robustctl sim --state FILE init --gpus 8          a healthy 8-GPU H100-like node
+    robustctl sim --state FILE init --gpus 8          a healthy 8-GPU H100-like node (NVSwitch fabric registered)
+    robustctl sim init --gpus 8 --no-fabric           PCIe cards: no NVLink fabric (fabric state NOT_SUPPORTED)
     robustctl sim show                                the GPUs, their key metrics and faults
     robustctl sim set gpu 3 temperature 90            any GPU key (see `show --json`)
     robustctl sim fault gpu 3 lost|hang|vanish|ecc-dbe|remap-pending|remap-failure|hw-slowdown|
@@ -8,6 +9,7 @@
     robustctl sim fault gpu 3 xid 79                  an NVML event (Xid critical error), as the driver sends it
     robustctl sim fault gpu 3 retirement-failure|unavailable|poison    their NVML events (ecc-dbe sends one too)
     robustctl sim fault gpu 3 recovery-action drain-and-reset          the recovery action field and its event
+    robustctl sim fault gpu 3 fabric not-started|in-progress|error|degraded   its NVLink fabric registration
     robustctl sim clear gpu 3                         undo GPU 3's faults, as a GPU reset would (and its
                                                       undelivered events)
 
@@ -36,6 +38,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
     init = sub.add_parser("init", help="write a healthy H100-like node")
     init.add_argument("--gpus", type=int, default=8, metavar="N", help=f"how many GPUs (0-{emu.MAX_GPUS}, default 8)")
+    init.add_argument("--no-fabric", action="store_true",
+                      help="PCIe cards without an NVLink fabric (default: an NVSwitch board, fabric registered)")
     show = sub.add_parser("show", help="print the emulated GPUs")
     show.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="the whole state as JSON")
     s = sub.add_parser("set", help="set one GPU value, e.g. `set gpu 0 temperature 90`")
@@ -48,7 +52,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     f.add_argument("index", type=int)
     f.add_argument("fault", choices=emu.FAULTS)
     f.add_argument("value", nargs="?", default=None,
-                   help=f"xid: the Xid number; recovery-action: {'|'.join(emu.RECOVERY_ACTIONS)} (or 0-7)")
+                   help=f"xid: the Xid number; recovery-action: {'|'.join(emu.RECOVERY_ACTIONS)} (or 0-7); "
+                        f"fabric: {'|'.join(emu.FABRIC_FAULTS)}")
     f.add_argument("--link", type=int, default=0, help="NVLink for nvlink-down / nvlink-errors (default 0)")
     c = sub.add_parser("clear", help="undo one GPU's faults")
     c.add_argument("what", choices=["gpu"])
@@ -75,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     path = state_path(args)
     if args.sim_command == "init":
         with _locked(path):
-            emu.save(path, emu.healthy_node(args.gpus))
-        output.out(f"{path}: healthy emulated node with {args.gpus} GPUs")
+            emu.save(path, emu.healthy_node(args.gpus, fabric=not args.no_fabric))
+        output.out(f"{path}: healthy emulated node with {args.gpus} GPUs"
+                   + (", no NVLink fabric" if args.no_fabric else ""))
         return 0
     if args.sim_command == "show":
         st = emu.load(path)

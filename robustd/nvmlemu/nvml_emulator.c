@@ -20,6 +20,10 @@
  * `clear`) discards its events not yet delivered. A waiter sleeps on inotify for the state file's directory
  * (or, without inotify, looks at the file every EMU_EVENT_POLL_NS);
  * while a GPU in the set has the "hang" fault the wait blocks past its timeout, as a hung driver does.
+ *
+ * NVLink fabric (nvmlDeviceGetGpuFabricInfoV, v2 and v3 structs; the unversioned legacy call too): each
+ * GPU's fabric_state / fabric_status / fabric_clique / fabric_cluster_uuid / fabric_health_mask from the
+ * file; fabric_state -1 makes the call answer NOT_SUPPORTED, as pre-Hopper GPUs do.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
@@ -69,6 +73,9 @@ struct emu_gpu {
     int lost, hang, vanish;
     unsigned long long event_types, event_floor;
     unsigned int recovery_action;
+    int fabric_state; /* NVML_GPU_FABRIC_STATE_*, or -1: the fabric call is NOT_SUPPORTED */
+    unsigned int fabric_status, fabric_clique, fabric_health_mask;
+    unsigned char fabric_cluster_uuid[NVML_GPU_FABRIC_UUID_LEN];
     unsigned int nevents;
     struct emu_event {
         unsigned long long seq, type, data;
@@ -120,6 +127,19 @@ static char *trim(char *s) {
 static void copy_str(char *dst, const char *src) { snprintf(dst, EMU_STR, "%s", src); }
 
 static unsigned long long num(const char *v) { return strtoull(v, NULL, 0); }
+
+/* "5ef1a7c0-0b3e-..." (hex digits, dashes skipped) into the 16 bytes of a fabric cluster uuid. */
+static void parse_uuid(unsigned char out[NVML_GPU_FABRIC_UUID_LEN], const char *v) {
+    memset(out, 0, NVML_GPU_FABRIC_UUID_LEN);
+    unsigned int nibbles = 0;
+    for (const char *c = v; *c && nibbles < 2 * NVML_GPU_FABRIC_UUID_LEN; c++) {
+        int d = (*c >= '0' && *c <= '9') ? *c - '0' : (*c >= 'a' && *c <= 'f') ? *c - 'a' + 10
+              : (*c >= 'A' && *c <= 'F') ? *c - 'A' + 10 : -1;
+        if (d < 0) continue;
+        out[nibbles / 2] |= (unsigned char)(nibbles % 2 ? d : d << 4);
+        nibbles++;
+    }
+}
 
 static void parse_list(struct emu_gpu *g, const char *key, const char *value) {
     char buf[1024];
@@ -190,6 +210,11 @@ static void set_gpu_key(struct emu_gpu *g, const char *k, const char *v) {
     else if (strcmp(k, "event_types") == 0) g->event_types = num(v);
     else if (strcmp(k, "event_floor") == 0) g->event_floor = num(v);
     else if (strcmp(k, "recovery_action") == 0) g->recovery_action = (unsigned int)num(v);
+    else if (strcmp(k, "fabric_state") == 0) g->fabric_state = atoi(v);
+    else if (strcmp(k, "fabric_status") == 0) g->fabric_status = (unsigned int)num(v);
+    else if (strcmp(k, "fabric_clique") == 0) g->fabric_clique = (unsigned int)num(v);
+    else if (strcmp(k, "fabric_health_mask") == 0) g->fabric_health_mask = (unsigned int)num(v);
+    else if (strcmp(k, "fabric_cluster_uuid") == 0) parse_uuid(g->fabric_cluster_uuid, v);
     else parse_list(g, k, v); /* nvlink_down, nvlink_errors, processes, faults; unknown keys ignored */
 }
 
@@ -212,6 +237,7 @@ static int read_state(const char *path, struct emu_state *out) {
             if (out->ngpus >= EMU_MAX_GPUS) break;
             g = &out->gpus[out->ngpus++];
             g->event_types = EMU_EVENT_TYPES_ALL;
+            g->fabric_state = NVML_GPU_FABRIC_STATE_COMPLETED;
             continue;
         }
         char *eq = strchr(s, '=');
@@ -603,6 +629,42 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
         infos[i].computeInstanceId = 0xFFFFFFFFu;
     }
     *infoCount = g->nprocs;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- NVLink fabric --------------------------------------------------------------------- */
+
+/* The v2 and v3 structs share their first fields; v3 adds healthSummary (pynvml's
+ * c_nvmlGpuFabricInfoV_t is v2, nvml.h's nvmlGpuFabricInfoV_t v3): only what the caller's version has is
+ * written. Another version is ARGUMENT_VERSION_MISMATCH, as the driver answers. */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV_t *info) {
+    ENTER(device, g);
+    if (!info) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (info->version != nvmlGpuFabricInfo_v2 && info->version != nvmlGpuFabricInfo_v3)
+        return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (g->fabric_state < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memcpy(info->clusterUuid, g->fabric_cluster_uuid, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)g->fabric_status;
+    info->cliqueId = g->fabric_clique;
+    info->state = (nvmlGpuFabricState_t)g->fabric_state;
+    info->healthMask = g->fabric_health_mask;
+    if (info->version == nvmlGpuFabricInfo_v3) {
+        unsigned int bw = g->fabric_health_mask & 0x3;
+        info->healthSummary = g->fabric_state == NVML_GPU_FABRIC_STATE_NOT_SUPPORTED ? NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+                            : bw == NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE ? NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
+                            : NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY;
+    }
+    return leave(NVML_SUCCESS);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info) {
+    ENTER(device, g);
+    if (!info) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->fabric_state < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    memcpy(info->clusterUuid, g->fabric_cluster_uuid, sizeof info->clusterUuid);
+    info->status = (nvmlReturn_t)g->fabric_status;
+    info->cliqueId = g->fabric_clique;
+    info->state = (nvmlGpuFabricState_t)g->fabric_state;
     return leave(NVML_SUCCESS);
 }
 

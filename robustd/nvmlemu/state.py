@@ -24,6 +24,12 @@ Format (text, one `key = value` a line, `#` comments; numbers may be hex with 0x
     recovery_action = 0           # field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t)
     events = 7:0x8:79:1700000000000000000   # seq:type:data:time_ns, the GPU's newest EVENTS_KEPT events
     event_floor = 0               # events at or below this seq are discarded (`clear`)
+    fabric_state = 3              # nvmlDeviceGetGpuFabricInfoV: NVML_GPU_FABRIC_STATE_* (0 no fabric, 1 not
+                                  # started, 2 in progress, 3 completed); -1: the call itself is NOT_SUPPORTED
+    fabric_status = 0             # its status (an nvmlReturn_t; read by callers only once completed)
+    fabric_clique = 1             # cliqueId
+    fabric_cluster_uuid = 5ef1a7c0-0b3e-4f6d-9a21-7c0de0000001   # clusterUuid: 32 hex digits, dashes allowed
+    fabric_health_mask = 0xaa     # healthMask (NVML_GPU_FABRIC_HEALTH_MASK_*): 0xaa says every field healthy
 
 `lost`, `hang` and `vanish` are interpreted by the emulator. The metric faults (ecc-dbe,
 remap-pending, ...) are applied by `apply_fault` as changes to the metrics themselves and
@@ -33,6 +39,11 @@ Event faults (xid, unavailable, retirement-failure, poison, recovery-action; ecc
 an event with the next `event_seq` (top level) and the wall-clock time. The emulator hands each
 new event to the event sets that had registered that GPU and type by then, never to later ones,
 and `clear` raises the GPU's `event_floor` so its undelivered events are dropped.
+
+NVLink fabric (NVSwitch systems): a healthy node's GPUs have registered with the fabric (state
+completed, status success, one clique and cluster). `fault gpu N fabric not-started|in-progress|error|
+degraded` changes what nvmlDeviceGetGpuFabricInfoV answers; `clear` puts it back to completed.
+`healthy_node(n, fabric=False)` (`sim init --no-fabric`) is a node of PCIe cards: state NOT_SUPPORTED.
 """
 
 from __future__ import annotations
@@ -65,14 +76,24 @@ EVENT_GPU_UNAVAILABLE = 0x4000
 EVENT_GPU_RECOVERY_ACTION = 0x8000
 EVENT_TYPES_ALL = 0xFE9F  # nvmlEventTypeAll: what an emulated GPU supports unless told otherwise
 EVENTS_KEPT = 64  # per GPU in the file (the emulator's EMU_MAX_EVENTS)
+# NVML_GPU_FABRIC_STATE_* (nvml.h); FABRIC_CALL_UNSUPPORTED is the emulator's own: the call answers NOT_SUPPORTED
+FABRIC_CALL_UNSUPPORTED = -1
+FABRIC_NOT_SUPPORTED, FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 0, 1, 2, 3
+# healthMask with every field the driver reports "not degraded / not in recovery / healthy" (each field is
+# 2 bits; value 2 is FALSE): degraded bandwidth, route recovery, route unhealthy, access timeout recovery
+FABRIC_HEALTHY_MASK = 0xAA
+FABRIC_DEGRADED_BW = 0x1  # NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE at shift 0 (width 0x3)
+NVML_ERROR_UNKNOWN = 999
+# `robustctl sim fault gpu N fabric STATE`
+FABRIC_FAULTS = ("not-started", "in-progress", "error", "degraded")
 # nvmlDeviceGpuRecoveryAction_t, by the names `robustctl sim fault gpu N recovery-action NAME` takes
 RECOVERY_ACTIONS = {"none": 0, "gpu-reset": 1, "node-reboot": 2, "drain-p2p": 3, "drain-and-reset": 4,
                     "recover-imex-domain": 5, "bus-reset": 6, "system-reboot": 7}
 
 FAULTS = ("lost", "hang", "vanish", "ecc-dbe", "remap-pending", "remap-failure", "hw-slowdown",
           "nvlink-down", "nvlink-errors", "pcie-width", "pcie-replay", "power-unreadable",
-          "xid", "retirement-failure", "unavailable", "poison", "recovery-action")
-FAULTS_WITH_VALUE = {"xid": "XID", "recovery-action": "ACTION"}  # `fault gpu N xid 79`
+          "xid", "retirement-failure", "unavailable", "poison", "recovery-action", "fabric")
+FAULTS_WITH_VALUE = {"xid": "XID", "recovery-action": "ACTION", "fabric": "STATE"}  # `fault gpu N xid 79`
 # DGX H100 GPU bus numbers; GPUs beyond eight get made-up ones.
 _DGX_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
 
@@ -114,6 +135,11 @@ class GpuState:
     recovery_action: int = 0
     events: str = ""
     event_floor: int = 0
+    fabric_state: int = FABRIC_COMPLETED
+    fabric_status: int = 0
+    fabric_clique: int = 1
+    fabric_cluster_uuid: str = "5ef1a7c0-0b3e-4f6d-9a21-7c0de0000001"
+    fabric_health_mask: int = FABRIC_HEALTHY_MASK
 
     @property
     def fault_list(self) -> list[str]:
@@ -132,7 +158,7 @@ class EmulatorState:
 _GPU_FIELDS = {f.name: f.type for f in fields(GpuState)}
 _TOP_FIELDS = {"driver_version": "str", "nvml_version": "str", "init_error": "int", "event_seq": "int"}
 _NOT_SETTABLE = ("faults", "events", "event_floor")  # changed by fault and clear only
-_HEX_FIELDS = ("pci_device_id", "clocks_event_reasons", "event_types")
+_HEX_FIELDS = ("pci_device_id", "clocks_event_reasons", "event_types", "fabric_health_mask")
 
 
 def healthy_gpu(index: int) -> GpuState:
@@ -141,11 +167,17 @@ def healthy_gpu(index: int) -> GpuState:
                     bus_id=f"00000000:{bus:02X}:00.0")
 
 
-def healthy_node(gpus: int) -> EmulatorState:
-    """A healthy H100-like node: idle GPUs, PCIe Gen5 x16, 18 NVLinks each, no errors."""
+def healthy_node(gpus: int, fabric: bool = True) -> EmulatorState:
+    """A healthy H100-like node: idle GPUs, PCIe Gen5 x16, 18 NVLinks each, no errors, every GPU registered
+    with the NVLink fabric (an HGX board's NVSwitches). `fabric=False`: PCIe cards, no fabric (NOT_SUPPORTED)."""
     if not 0 <= gpus <= MAX_GPUS:
         raise ValueError(f"the emulator holds 0 to {MAX_GPUS} GPUs, not {gpus}")
-    return EmulatorState(gpus=[healthy_gpu(i) for i in range(gpus)])
+    node = EmulatorState(gpus=[healthy_gpu(i) for i in range(gpus)])
+    if not fabric:
+        for g in node.gpus:
+            g.fabric_state, g.fabric_clique, g.fabric_health_mask = FABRIC_NOT_SUPPORTED, 0, 0
+            g.fabric_cluster_uuid = "00000000-0000-0000-0000-000000000000"
+    return node
 
 
 # -- text form ---------------------------------------------------------------------------------
@@ -274,6 +306,8 @@ def _event_fault(state: EmulatorState, index: int, fault: str, value: str | None
             raise ValueError(f"an Xid is 1-9999, not {xid}")
         push_event(state, index, EVENT_XID, xid)
         return f"xid{xid}"
+    if fault == "fabric":
+        return _fabric_fault(gpu, value or "")
     if fault == "recovery-action":
         action = recovery_action(value or "")
         gpu.recovery_action = action
@@ -290,6 +324,25 @@ def _event_fault(state: EmulatorState, index: int, fault: str, value: str | None
     return fault
 
 
+def _fabric_fault(gpu: GpuState, value: str) -> str:
+    """What nvmlDeviceGetGpuFabricInfoV answers for a GPU whose fabric registration is stuck, failed or
+    degraded; recorded as `fabric-<value>`."""
+    if value not in FABRIC_FAULTS:
+        raise ValueError(f"unknown fabric fault {value!r} (known: {', '.join(FABRIC_FAULTS)})")
+    if gpu.fabric_state in (FABRIC_CALL_UNSUPPORTED, FABRIC_NOT_SUPPORTED):
+        raise ValueError("this GPU has no NVLink fabric (fabric_state NOT_SUPPORTED): nothing to fail")
+    if value == "not-started":
+        gpu.fabric_state = FABRIC_NOT_STARTED
+    elif value == "in-progress":
+        gpu.fabric_state = FABRIC_IN_PROGRESS
+    elif value == "error":
+        gpu.fabric_state, gpu.fabric_status = FABRIC_COMPLETED, NVML_ERROR_UNKNOWN
+    else:
+        gpu.fabric_state = FABRIC_COMPLETED
+        gpu.fabric_health_mask = (gpu.fabric_health_mask & ~0x3) | FABRIC_DEGRADED_BW
+    return f"fabric-{value}"
+
+
 def apply_fault(state: EmulatorState, index: int, fault: str, link: int = 0, value: str | None = None) -> None:
     """Inject one fault into GPU `index`; metric faults change the metrics a real fault would, event
     faults also push the NVML event the driver sends (`value`: the Xid, or the recovery action)."""
@@ -300,7 +353,7 @@ def apply_fault(state: EmulatorState, index: int, fault: str, link: int = 0, val
         raise ValueError(f"fault {fault} needs a value: `{fault} {FAULTS_WITH_VALUE[fault]}`")
     if fault not in FAULTS_WITH_VALUE and value is not None:
         raise ValueError(f"fault {fault} takes no value (got {value!r})")
-    if fault in ("xid", "retirement-failure", "unavailable", "poison", "recovery-action"):
+    if fault in ("xid", "retirement-failure", "unavailable", "poison", "recovery-action", "fabric"):
         fault = _event_fault(state, index, fault, value)
     elif fault == "ecc-dbe":
         gpu.ecc_dbe_volatile += 1
@@ -337,9 +390,12 @@ def clear(state: EmulatorState, index: int) -> None:
 
     Aggregate counters (lifetime ECC, remapped rows, replays, NVLink errors) stay, as on hardware;
     the temperature goes back to an idle GPU's. Events not yet delivered are discarded, and the
-    recovery action goes back to none.
+    recovery action goes back to none, and a GPU with a fabric is registered again (completed, healthy).
     """
     gpu = _gpu(state, index)
+    if gpu.fabric_state not in (FABRIC_CALL_UNSUPPORTED, FABRIC_NOT_SUPPORTED):
+        gpu.fabric_state, gpu.fabric_status = FABRIC_COMPLETED, 0
+        gpu.fabric_health_mask = (gpu.fabric_health_mask & ~0x3) | (FABRIC_HEALTHY_MASK & 0x3)
     gpu.faults = ""
     gpu.events = ""
     gpu.event_floor = state.event_seq
