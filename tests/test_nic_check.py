@@ -253,7 +253,9 @@ def test_ib_fixture_faults_raise_the_right_conditions_and_clear(make_daemon: Any
     fast = {"clear_after": "1s"}
     d: Daemon = make_daemon({
         "checks": {**NO_KMSG, "nic": {"enabled": True, "interval": "200ms", "sysfs_root": str(sysfs),
-                                      "rate_window": "1s", "expected_ib_rate": "400 Gb/sec", "ib_error_rate": 5}},
+                                      "rate_window": "1s", "expected_ib_rate": "400 Gb/sec", "ib_error_rate": 5,
+                                      # past 120 the burst below is over 120/h too: IB_SYMBOL_ERRORS_HIGH for an hour
+                                      "ib_thresholds": {"symbol_error": None}}},
         "policy": {"codes": {"IB_RATE_DEGRADED": fast, "IB_LINK_DOWNED": fast, "IB_ERRORS_RISING": fast}},
     })
     d.start()

@@ -59,6 +59,7 @@ class NicCheck(Check):
         self._counters: dict[str, tuple[int, dict[str, RateWindow]]] = {}
         self._snapshot: TrafficSnapshot | None = None
         self._ib: IbPorts | None = None
+        self._note = ""
         self._lock = threading.Lock()
         # The tracker is fed from the loop (subscription events) and from the poll thread (each dump). Its
         # findings go into the queue in the order it made them: both sides append to the loop's ready list
@@ -78,6 +79,10 @@ class NicCheck(Check):
     def _open(self, ctx: CheckContext, groups: int) -> socket.socket:
         self_ns = ctx.roots.proc_path("thread-self", "ns", "net")
         return open_netlink(groups, self._netns_path(self._config(ctx)), self_ns)
+
+    def note(self) -> str:
+        """While the hourly IB rates lack a full window, how much history they have (and saturated counters)."""
+        return self._note  # made by the last poll: the loop must not walk the ports while a poll changes them
 
     def traffic_snapshot(self) -> TrafficSnapshot | None:
         """Byte counters of every link but lo and every IB port at the last poll, watched or not (None before it)."""
@@ -113,7 +118,8 @@ class NicCheck(Check):
             self._tracker = LinkTracker(watched, expected, cfg.flap_count, cfg.flap_window)
             self._first = self._tracker.snapshot(links, time.monotonic())
             ib = IbPorts(cfg.ib_root or os.path.join(sysfs, "class", "infiniband"), cfg.ib_ports,
-                         cfg.expected_ib_rate, cfg.ib_error_rate, cfg.rate_window)
+                         cfg.expected_ib_rate, cfg.ib_error_rate, cfg.rate_window, dict(cfg.ib_thresholds),
+                         cfg.ib_window)
             await asyncio.to_thread(ib.discover)
             self._ib = ib
             self._loop.add_reader(self._events.fileno(), self._on_readable)
@@ -209,6 +215,7 @@ class NicCheck(Check):
         if self._ib is not None:
             with self._lock:
                 out += self._ib.poll(now)
+                self._note = self._ib.note(now)
                 traffic.update(self._ib.data_totals())  # the counters that poll read, not a second read
         else:
             sysfs = cfg.sysfs_root or ctx.roots.sys

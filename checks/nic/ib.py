@@ -4,7 +4,8 @@ The NIC check polls these once per interval. The parsers of each file's text are
 `checks/nic/parse.py`; `IbPorts` turns readings into findings on `ib/<dev>/<port>`.
 `RateWindow` (checks/common/counters.py, shared with the NIC counters) turns a monotonic counter into
 a rate over a window, and treats a counter that went backwards (driver reload, reset) as a new
-baseline, never as a huge or negative rate.
+baseline, never as a huge or negative rate. The same error counters are also judged per hour against
+`checks.nic.ib_thresholds` (checks/nic/ibrates.py): the grey link that has not dropped yet.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 
 from checks.common.counters import RateWindow
 from checks.common.sysfs import read_text
+from checks.nic.ibrates import HourlyRates, span_text
 from checks.nic.parse import PortState, parse_counter, parse_ib_state, parse_rate
 from robustd.model import Finding, FindingKind
 from robustd.traffic import IB_WORD
@@ -43,7 +45,7 @@ class PortReading:
 def _port_files(path: str) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
     """The files of one port, joined once (path joins were a third of a poll's cost)."""
     counters = tuple((name, os.path.join(path, "counters", name))
-                     for name in ("link_downed", *ERROR_COUNTERS, *DATA_COUNTERS))
+                     for name in ("link_downed", "link_error_recovery", *ERROR_COUNTERS, *DATA_COUNTERS))
     return (os.path.join(path, "state"), os.path.join(path, "phys_state"), os.path.join(path, "rate"), counters)
 
 
@@ -67,6 +69,7 @@ def read_port(path: str) -> PortReading:
 
 @dataclass
 class _Port:
+    hourly: HourlyRates
     baseline_rate: float | None = None
     windows: dict[str, RateWindow] = field(default_factory=dict)
 
@@ -75,8 +78,10 @@ class IbPorts:
     """The watched ports of one IB root and what was last read from them."""
 
     def __init__(self, root: str, patterns: list[str], expected_rate: float | None, error_rate: float,
-                 rate_window: float):
+                 rate_window: float, thresholds: dict[str, float | None] | None = None, hour_window: float = 3600.0):
         self.root = root
+        self.thresholds = thresholds or {}  # counter → errors per hour (None: not judged); checks/nic/ibrates.py
+        self.hour_window = hour_window
         self.patterns = patterns
         self.expected_rate = expected_rate
         self.error_rate = error_rate
@@ -103,13 +108,35 @@ class IbPorts:
         for key in self._present():
             if self.patterns:
                 if any(fnmatch.fnmatchcase(key, p) for p in self.patterns):
-                    self.ports.setdefault(key, _Port())
+                    self.ports.setdefault(key, self._new(key))
                 continue
             try:
                 if read_port(self._path(key)).active:
-                    self.ports.setdefault(key, _Port())
+                    self.ports.setdefault(key, self._new(key))
             except (OSError, ValueError):
                 continue
+
+    def _new(self, key: str) -> _Port:
+        return _Port(HourlyRates(key, self.thresholds, self.hour_window))
+
+    def note(self, now: float) -> str:
+        """For ListChecks while it matters: how much history the hourly rates have, and saturated counters."""
+        shortest: float | None = None
+        stuck: list[str] = []
+        for st in self.ports.values():
+            short, sat = st.hourly.status(now)
+            stuck += sat
+            if short is not None:
+                shortest = short if shortest is None else min(shortest, short)
+        parts = []
+        window = span_text(self.hour_window)
+        if shortest is not None:
+            parts.append(f"IB error rates per {window}: {span_text(shortest)} of history so far; only a count "
+                         f"already over its hourly threshold raises until {window} is seen")
+        if stuck:
+            parts.append("IB counters saturated, rate unknown: " + ", ".join(sorted(stuck)[:8])
+                         + (f" (+{len(stuck) - 8})" if len(stuck) > 8 else ""))
+        return "; ".join(parts)
 
     def data_totals(self) -> dict[str, int]:
         """ib/<dev>/<port> → bytes both ways, every port present: the watched ones as this poll read them,
@@ -137,7 +164,7 @@ class IbPorts:
         if self.patterns:  # globs also pick up ports that appear later
             for key in self._present():
                 if key not in self.ports and any(fnmatch.fnmatchcase(key, p) for p in self.patterns):
-                    self.ports[key] = _Port()
+                    self.ports[key] = self._new(key)
         out: list[Finding] = []
         for key, st in self.ports.items():
             comp = f"ib/{key}"
@@ -149,6 +176,7 @@ class IbPorts:
                 out.append(Finding(comp, "IB_PORT_DOWN", f"IB port {key} is gone from sysfs",
                                    {"state": "absent"}, FindingKind.STATE))
                 st.windows.clear()
+                st.hourly.clear()  # a port that comes back starts its counters (and its hour) again
                 continue
             except (OSError, ValueError) as e:
                 out.append(Finding(comp, "IB_READ_ERROR", f"cannot read IB port {key}: {e}", {"error": str(e)},
@@ -188,6 +216,7 @@ class IbPorts:
         if rising:
             out.append(Finding(comp, "IB_ERRORS_RISING", f"IB port {key} error counters rising: "
                                + ", ".join(f"{k} {v}" for k, v in rising.items()), rising, FindingKind.STATE))
+        out += st.hourly.poll(r.counters, now)
         tx, rx = (st.windows.get(n) for n in DATA_COUNTERS)
         self.traffic[comp] = ((tx.rate() or 0.0) * IB_WORD if tx else 0.0, (rx.rate() or 0.0) * IB_WORD if rx else 0.0)
         return out
