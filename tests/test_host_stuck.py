@@ -243,3 +243,21 @@ def test_a_real_process_stuck_on_a_fuse_mount_is_reported_and_clears(make_daemon
         fs.release()  # the lookup is answered: the process leaves D and exits
         assert fs.child is not None and fs.child.returncode == errno.ENOENT  # its stat got the answer
         d.wait_for(lambda v: cond(v, "PROCESS_STUCK", "host") is None, timeout=8)
+
+
+def test_the_fuse_stall_cleans_up_a_process_left_stuck(short_tmp: Path) -> None:
+    """What a failing test leaves (a child in D, the mount up) is gone after the `with`."""
+    need_root("mounting a FUSE file system")
+    from fuse_stall import FuseStall, state
+
+    mnt = short_tmp / "fuse"
+    mnt.mkdir()
+    try:
+        fs = FuseStall(mnt)
+    except OSError as e:
+        (pytest.fail if IN_CI else pytest.skip)(f"cannot mount FUSE here: {e}")
+    with pytest.raises(RuntimeError), fs:
+        pid = fs.stall()
+        raise RuntimeError("the test failed here")
+    assert state(pid) == ""  # killed and reaped
+    assert str(mnt) not in Path("/proc/self/mounts").read_text()
