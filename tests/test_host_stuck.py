@@ -136,6 +136,18 @@ def test_a_task_in_d_longer_than_dstate_after_is_stuck_and_clears(tmp_path: Path
     assert c.at(80) is not None
 
 
+def test_a_frozen_task_is_not_stuck(tmp_path: Path) -> None:
+    """`docker pause` (cgroup v1's freezer) leaves every task of the container in D in the freezer's wait."""
+    c = Clocked(tmp_path)
+    c.proc.task(4242, 4242, "python3", "D", wchan="__refrigerator")
+    c.proc.task(4243, 4243, "python3", "D", wchan="do_freezer_trap")
+    assert c.at(0) is None and c.at(60) is None
+    c.proc.task(4244, 4244, "python3", "D")  # a stuck one beside them is still reported, alone
+    assert c.at(70) is None
+    f = c.at(110)
+    assert f is not None and f.evidence["count"] == "1" and f.evidence["oldest_pid"] == "4244"
+
+
 def test_a_task_that_runs_between_scans_is_not_stuck(tmp_path: Path) -> None:
     """Heavy I/O: in D at every sample, but its schedstat moves, so it is not one long sleep."""
     c = Clocked(tmp_path)

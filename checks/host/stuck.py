@@ -44,6 +44,8 @@ from robustd.roots import Roots
 
 CODE = "PROCESS_STUCK"
 _READ = 4096  # bytes of one stat, schedstat, wchan or stack read
+FROZEN = frozenset({"__refrigerator", "refrigerator", "do_freezer_trap"})  # the freezer's waits, not a stuck task
+_MAX_WCHANS = 256  # stuck tasks whose wait channel is read to leave the frozen out, per finding
 _NAMED = 3  # stuck tasks the message names
 _LISTED = 10  # stuck pids the evidence lists
 _FRAMES = 8  # stack frames in evidence
@@ -147,6 +149,8 @@ class StuckTasks:
     def _finding(self, roots: Roots, cfg: HostConfig, now: float) -> list[Finding]:
         stuck = sorted(((k, s) for k, s in self._stuck.items() if now - s.since >= cfg.dstate_after),
                        key=lambda ks: (ks[1].since, ks[0]))
+        # A frozen task (a paused container, cgroup v1's freezer) sleeps in D by the operator's choice.
+        stuck = [ks for i, ks in enumerate(stuck) if i >= _MAX_WCHANS or self._wchan(roots, ks[0][0]) not in FROZEN]
         if not stuck:
             return []
 
