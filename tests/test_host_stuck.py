@@ -217,17 +217,23 @@ def test_the_walk_is_bounded_and_resumes_and_keeps_the_known(tmp_path: Path) -> 
 
 
 # -- a real process in D under a real daemon ---------------------------------------------------------
-def test_a_real_process_stuck_on_a_fuse_mount_is_reported_and_clears(make_daemon: Any, short_tmp: Path) -> None:
+def mounted(short_tmp: Path) -> Any:
+    """A FuseStall mounted on short_tmp/fuse (root; fails under CI=true when the kernel refuses)."""
     need_root("mounting a FUSE file system")
     from fuse_stall import FuseStall
-    from test_host_check import cond, wait_polled
 
     mnt = short_tmp / "fuse"
     mnt.mkdir()
     try:
-        fs = FuseStall(mnt)
+        return FuseStall(mnt)
     except OSError as e:
         (pytest.fail if IN_CI else pytest.skip)(f"cannot mount FUSE here: {e}")
+
+
+def test_a_real_process_stuck_on_a_fuse_mount_is_reported_and_clears(make_daemon: Any, short_tmp: Path) -> None:
+    from test_host_check import cond, wait_polled
+
+    fs = mounted(short_tmp)
     with fs:
         d = make_daemon({
             "policy": {"codes": {"PROCESS_STUCK": {"clear_after": "1s"}}},
@@ -259,17 +265,11 @@ def test_a_real_process_stuck_on_a_fuse_mount_is_reported_and_clears(make_daemon
 
 def test_the_fuse_stall_cleans_up_a_process_left_stuck(short_tmp: Path) -> None:
     """What a failing test leaves (a child in D, the mount up) is gone after the `with`."""
-    need_root("mounting a FUSE file system")
-    from fuse_stall import FuseStall, state
+    from fuse_stall import state
 
-    mnt = short_tmp / "fuse"
-    mnt.mkdir()
-    try:
-        fs = FuseStall(mnt)
-    except OSError as e:
-        (pytest.fail if IN_CI else pytest.skip)(f"cannot mount FUSE here: {e}")
+    fs = mounted(short_tmp)
     with pytest.raises(RuntimeError), fs:
         pid = fs.stall()
         raise RuntimeError("the test failed here")
     assert state(pid) == ""  # killed and reaped
-    assert str(mnt) not in Path("/proc/self/mounts").read_text()
+    assert str(short_tmp / "fuse") not in Path("/proc/self/mounts").read_text()
