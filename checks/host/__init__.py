@@ -1,4 +1,4 @@
-"""The host check: configured disks, memory pressure and EDAC memory errors (`check.py`)."""
+"""The host check: configured disks, memory pressure, EDAC memory errors and stuck tasks (`check.py`)."""
 
 from checks.host.check import HostCheck
 

@@ -15,6 +15,9 @@ MemAvailable from `<proc>/meminfo` → MEMORY_PRESSURE on `host`. EDAC:
 `<sys>/devices/system/edac/mc/mc<N>/{ce_count,ue_count}` → EDAC_UE on any rise, EDAC_CE_RISING above
 a rate, on `memory/mc<N>`. Counters are baselined at start; a decrease is a reset.
 
+Stuck tasks: threads in uninterruptible sleep (`D`) longer than `dstate_after`, from a rate-limited,
+bounded walk of `<proc>/<pid>/task/<tid>/stat` → PROCESS_STUCK on `host` (checks/host/stuck.py).
+
 Components: `disk<path>` (`disk/` for `/`, `disk/data` for `/data`), `host`, `memory/mc<N>`.
 """
 
@@ -30,6 +33,7 @@ from checks.common.counters import Counters, rising
 from checks.common.sysfs import read_text
 from checks.host.config import RULES, DiskConfig, HostConfig, thresholds
 from checks.host.parse import Mount, mount_for, parse_count, parse_meminfo, parse_mounts, parse_psi
+from checks.host.stuck import StuckTasks
 from robustd.check import Check, CheckContext
 from robustd.model import Finding, FindingKind
 
@@ -42,7 +46,7 @@ def _disk_component(path: str) -> str:
 
 
 class HostCheck(Check):
-    """Disks, memory pressure and EDAC memory errors."""
+    """Disks, memory pressure, EDAC memory errors and tasks stuck in D."""
 
     name = "host"
     mode = "poll"
@@ -52,6 +56,7 @@ class HostCheck(Check):
     def __init__(self) -> None:
         self._ioerr: Counters[str] = Counters()  # by block device
         self._edac: Counters[tuple[str, str]] = Counters()  # by (mcN, "ce" | "ue")
+        self._stuck = StuckTasks()
 
     def poll(self, ctx: CheckContext) -> Sequence[Finding]:
         cfg = ctx.config if isinstance(ctx.config, HostConfig) else HostConfig()
@@ -62,6 +67,7 @@ class HostCheck(Check):
             findings += self._disk(ctx, disk, mounts, now)
         findings += self._memory(ctx, cfg)
         findings += self._edac_counts(ctx, cfg, now)
+        findings += self._stuck.poll(ctx.roots, cfg, now)
         return findings
 
     # -- disks ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The host check's settings (`checks.host` in robustd.yaml: the disks, memory and EDAC limits) and the
+"""The host check's settings (`checks.host` in robustd.yaml: the disks, memory, EDAC and stuck-task limits) and the
 thresholds of its rule file."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from checks.common.thresholds import Level, Strict, load
 from robustd.check import CheckConfig
-from robustd.durations import Duration
+from robustd.durations import Duration, PositiveDuration
 from robustd.flags import Flag
 
 RULES = str(Path(__file__).with_name("rules.yaml"))  # its codes table and its thresholds
@@ -80,6 +80,10 @@ class HostConfig(CheckConfig):
     min_available_percent: float = Field(default=5.0, ge=0, le=100)  # MemAvailable / MemTotal
     edac_ce_count: int = Field(default=10, ge=1)  # corrected memory errors per window → EDAC_CE_RISING
     edac_ce_window: Duration = 3600.0
+    # PROCESS_STUCK (checks/host/stuck.py): a task in uninterruptible sleep (D), not run since, this long
+    dstate_after: PositiveDuration = 300.0
+    dstate_scan_every: PositiveDuration = 10.0  # /proc is walked at most this often; polls between reuse it
+    dstate_max_tasks: int = Field(default=8192, ge=1)  # thread stat files a scan reads; the rest: next scans
 
     @field_validator("disks", mode="before")
     @classmethod

@@ -89,3 +89,35 @@ def parse_meminfo(text: str) -> dict[str, int]:
 def parse_count(text: str) -> int:
     """A sysfs counter: decimal (`ce_count`) or hex (`ioerr_cnt` is written as `0x1f`)."""
     return int(text.strip(), 0)
+
+
+class TaskStat(NamedTuple):
+    """What the stuck-process scan needs of `/proc/<pid>/stat`."""
+
+    pid: int
+    comm: str
+    state: str  # R, S, D, Z, T, t, X, I, …
+    start: int  # field 22, clock ticks after boot: with the pid, one task (a reused pid has a new one)
+
+
+def parse_task_stat(text: str) -> TaskStat:
+    """`1234 (python3) D 1 … ` → TaskStat; the comm may hold blanks and `)`, so the last `)` ends it."""
+    head, sep, tail = text.rpartition(")")
+    pid, paren, comm = head.partition(" (")
+    rest = tail.split()
+    if not sep or not paren or len(rest) < 20:
+        raise ValueError(f"not a /proc/<pid>/stat line: {text[:80]!r}")
+    return TaskStat(int(pid), comm, rest[0], int(rest[19]))  # rest[0] is field 3, rest[19] field 22
+
+
+def parse_stack(text: str, frames: int) -> list[str]:
+    """`/proc/<pid>/stack` (`[<0>] request_wait_answer+0xaa/0x210`) → the first `frames` function names."""
+    out = []
+    for line in text.splitlines():
+        symbol = line.split()[-1] if line.split() else ""
+        name = symbol.partition("+")[0]
+        if name:
+            out.append(name)
+        if len(out) >= frames:
+            break
+    return out
