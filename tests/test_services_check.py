@@ -115,6 +115,10 @@ def test_a_failed_or_stopped_unit_is_raised_with_its_result_and_cleared_when_it_
     watching(d)
     time.sleep(0.3)  # a healthy node: nothing raised while every unit runs
     assert not d.verdict().conditions, d.verdict()
+    # An operator's restart passes through inactive with its job queued: no blip (CRITICAL would drain the node).
+    ns.run("systemctl", "restart", "nvidia-fabricmanager.service")
+    time.sleep(0.3)
+    assert "RAISED" not in d.log() and not d.verdict().conditions, d.log()
 
     # The fabric manager dies by SIGKILL: failed, Result "signal"; CRITICAL, pushed (no poll to wait for).
     t = time.monotonic()
@@ -189,6 +193,32 @@ def test_a_restarted_system_bus_is_reconnected_and_the_units_read_anew(make_daem
     assert cond(v, CODE, "host/nvidia-fabricmanager").evidence["result"] == "signal"  # type: ignore[union-attr]
     ns.run("systemctl", "start", "nvidia-fabricmanager.service")  # and pushed again after the reconnect
     d.wait_for(lambda v: cond(v, CODE, "host/nvidia-fabricmanager") is None, timeout=5)
+
+
+def test_a_crash_looping_unit_is_down_between_its_restarts(make_daemon: Any, ns: NestedSystemd,
+                                                           short_tmp: Path) -> None:
+    """Restart=always hides a dead service behind `activating (auto-restart)`: that is down too, with the exit."""
+    drop_in = ns.path("/etc/systemd/system/nvidia-persistenced.service.d/crash.conf")
+    drop_in.parent.mkdir(exist_ok=True)
+    ns.run("systemctl", "enable", "nvidia-persistenced.service")
+    ns.run("systemctl", "start", *UNITS)
+    d = start(make_daemon, ns, node(short_tmp, nvswitch=False, imex_nodes=""))
+    watching(d)
+    try:
+        drop_in.write_text("[Service]\nExecStart=\nExecStart=/bin/sh -c 'exit 3'\nRestart=always\nRestartSec=30s\n")
+        ns.run("systemctl", "daemon-reload")
+        ns.run("systemctl", "restart", "nvidia-persistenced.service")
+        # systemd passes through failed on its way to auto-restart: the condition's evidence follows it there.
+        v = d.wait_for(lambda v: (c := cond(v, CODE, "host/nvidia-persistenced")) is not None
+                       and c.evidence["sub_state"] == "auto-restart", timeout=5)
+        c = cond(v, CODE, "host/nvidia-persistenced")
+        assert c is not None and c.severity == pb.SEVERITY_WARNING and c.evidence["active_state"] == "activating", c
+        assert c.evidence["result"] == "exit-code" and c.evidence["exec_main_status"] == "3", c.evidence
+    finally:
+        drop_in.unlink(missing_ok=True)
+        ns.run("systemctl", "daemon-reload")
+        ns.run("systemctl", "restart", "nvidia-persistenced.service")
+    d.wait_for(lambda v: cond(v, CODE, "host/nvidia-persistenced") is None, timeout=5)
 
 
 def test_a_host_without_a_system_bus_has_the_check_unsupported_and_raises_nothing(make_daemon: Any,

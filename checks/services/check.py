@@ -17,11 +17,12 @@ systemd's Manager.Subscribe (systemd sends unit signals on the bus only while so
 AddMatch for PropertiesChanged of each watched unit's object, then one GetAll of the unit's properties
 (after the match, so no change falls between). From then on nothing is asked: each PropertiesChanged
 updates the unit's ActiveState, SubState and Result, and a change of verdict is pushed at once:
-NVIDIA_SERVICE_DOWN on `host/<unit>` (STATE) when the unit is failed, inactive, or activating in
-`auto-restart` (a crash loop), its RESOLVED when it is active again. The poll, each interval, only
-re-reports the units that are down from memory (no D-Bus call), which keeps their conditions from the
-hold-down. A lost bus connection ends the watch with an error; the runner starts it again, which reads
-every unit anew.
+NVIDIA_SERVICE_DOWN on `host/<unit>` (STATE) when the unit is failed, inactive with no job queued (an
+operator's `systemctl restart` passes through inactive with its restart job queued, and a blip of a CRITICAL
+would drain the node), or activating in `auto-restart` (a crash loop), its RESOLVED when it is not.
+The poll, each interval, only re-reports the units that are down from memory (no D-Bus call), which keeps
+their conditions from the hold-down. A lost bus connection ends the watch with an error; the runner starts
+it again, which reads every unit anew.
 """
 
 from __future__ import annotations
@@ -70,8 +71,17 @@ class Unit:
 
     @property
     def down(self) -> bool:
+        """Failed; inactive with no job queued (`systemctl restart` passes through inactive with its job still
+        queued: not down); or between the restarts of a crash loop (`activating (auto-restart)`)."""
         active, sub = self.props.get("ActiveState", ""), self.props.get("SubState", "")
-        return active in ("failed", "inactive") or (active == "activating" and sub == "auto-restart")
+        idle = self.props.get("Job", "0") == "0"
+        restarting = active == "activating" and sub == "auto-restart"
+        return active == "failed" or (active == "inactive" and idle) or restarting
+
+    def shown(self) -> tuple[str, ...]:
+        """What the verdict shows of the unit: a change of any of it is pushed."""
+        return tuple(self.props.get(k, "") for k in ("LoadState", "UnitFileState", "ActiveState", "SubState",
+                                                       "Result", "ExecMainStatus")) + (str(self.down),)
 
 
 def nvswitches(ctx: CheckContext) -> list[str]:
@@ -227,6 +237,9 @@ class ServicesCheck(Check):
         for k in ("LoadState", "ActiveState", "SubState", "UnitFileState", "Result", "ExecMainStatus"):
             if k in props:
                 unit.props[k] = _value(props[k])
+        if "Job" in props:  # (uo): the queued job's id and path, (0, "/") for none
+            job = props["Job"][1] if isinstance(props["Job"], tuple) and len(props["Job"]) == 2 else props["Job"]
+            unit.props["Job"] = str(job[0]) if isinstance(job, (tuple, list)) and job else "0"
 
     def _watched(self, unit: Unit) -> bool:
         if unit.props.get("LoadState") != "loaded":
@@ -261,9 +274,9 @@ class ServicesCheck(Check):
         unit = self._units.get(msg.header.fields.get(HeaderFields.path, ""))
         if unit is None or msg.header.fields.get(HeaderFields.member) != "PropertiesChanged" or len(msg.body) < 2:
             return
-        was = (self._watched(unit), unit.down, unit.props.get("Result"))
+        was = unit.shown()
         self._update(unit, msg.body[1])
-        if (self._watched(unit), unit.down, unit.props.get("Result")) == was or self._reader is None:
+        if unit.shown() == was or self._reader is None:
             return  # nothing the verdict shows changed (or start() still reads: its first batch says it)
         findings = self._verdict(unit)
         others = tuple(f for f in self._down if f.component != unit.component)
