@@ -1,6 +1,6 @@
 """Built-in checks, in the order the runner starts them. Nothing registers itself at import.
 
-One folder per check (`kernel/`, `nic/`, `gpu/`, `pcie/`, `thermal/`, `host/`), each of the same shape:
+One folder per check (`kernel/`, `nic/`, `gpu/`, `pcie/`, `thermal/`, `host/`, `services/`), each of the same shape:
 `__init__.py` exports the check class from `check.py`, `config.py` holds its `checks.<name>` settings,
 `parse.py` its pure parsers (where it has any), `rules.yaml` its codes table and thresholds; what the
 checks share is in `common/`. The contract they implement is robustd/check.py.
@@ -22,13 +22,15 @@ if TYPE_CHECKING:  # `X as X`: re-exported, as `__all__` says
     from checks.kernel import KernelCheck as KernelCheck
     from checks.nic import NicCheck as NicCheck
     from checks.pcie import PcieCheck as PcieCheck
+    from checks.services import ServicesCheck as ServicesCheck
     from checks.thermal import ThermalCheck as ThermalCheck
     from robustd.check import Check
 
     BUILTIN: list[type[Check]]
 
 _MODULES = {"KernelCheck": "checks.kernel", "NicCheck": "checks.nic", "GpuCheck": "checks.gpu",
-            "PcieCheck": "checks.pcie", "ThermalCheck": "checks.thermal", "HostCheck": "checks.host"}
+            "PcieCheck": "checks.pcie", "ThermalCheck": "checks.thermal", "HostCheck": "checks.host",
+            "ServicesCheck": "checks.services"}
 
 __all__ = ["BUILTIN", *_MODULES]
 _export = lazy("checks", _MODULES)

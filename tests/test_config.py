@@ -223,3 +223,16 @@ def test_a_config_larger_than_the_bound_is_refused_unread(tmp_path: Path) -> Non
     cfg.write_text("node_name: n\n" + "#" * (2 << 20) + "\n")
     r = check_config(cfg)
     assert r.returncode == 1 and f"{cfg}: the config is larger than 1 MiB" in r.stderr, r.stderr
+
+
+def test_services_keys_are_validated_with_their_line(tmp_path: Path) -> None:
+    """checks.services: a detection mode outside auto/always/never and an unknown key are each named with file and
+    line (checks/services/config.py)."""
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text("checks:\n  services:\n    fabricmanager: sometimes\n    imex_nodes_config: nodes.cfg\n"
+                   "    persistenced: auto\n    buss: SYSTEM\n    bus: tcp:host=node1,port=5\n")
+    r = check_config(cfg)
+    assert r.returncode == 1
+    assert f"{cfg}:3: checks.services.fabricmanager: Input should be 'auto', 'always' or 'never'" in r.stderr, r.stderr
+    assert f"{cfg}:6: checks.services.buss: unknown key" in r.stderr, r.stderr
+    assert f"{cfg}:7: checks.services.bus: " in r.stderr and "unix D-Bus address" in r.stderr, r.stderr

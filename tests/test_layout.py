@@ -226,11 +226,12 @@ def test_every_check_is_one_folder_of_one_shape_and_nothing_else_is_under_checks
 
 
 def test_a_checks_config_and_parsers_import_without_any_driver_library() -> None:
-    """`checks`, and a check's config.py and parse.py, need neither pynvml nor pyroute2 (only its check.py may)."""
+    """`checks`, and a check's config.py and parse.py, need none of pynvml, pyroute2, jeepney (only check.py may)."""
     code = ("import sys\nimport checks\n"
-            + "".join(f"import checks.{c}.config\n" for c in ("kernel", "nic", "gpu", "pcie", "thermal", "host"))
+            + "".join(f"import checks.{c}.config\n"
+                      for c in ("kernel", "nic", "gpu", "pcie", "thermal", "host", "services"))
             + "import checks.gpu.parse, checks.nic.parse, checks.common.thresholds\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pynvml', 'pyroute2')))\n")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pynvml', 'pyroute2', 'jeepney')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
