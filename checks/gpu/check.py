@@ -460,8 +460,8 @@ class GpuCheck(Check):
 
     def _hw_slowdown(self, g: _Gpu, comp: str, cfg: GpuConfig, now: float) -> list[Finding]:
         """HW slowdown reasons raise only once they have held for slowdown_window (not a blip)."""
-        reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, g.handle) or 0
-        g.reasons = reasons  # also the relative checks' evidence
+        g.reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, g.handle)  # outliers' evidence
+        reasons = g.reasons or 0
         hw = [name for bit, name in HW_REASONS.items() if reasons & bit]
         if not hw:
             g.slowdown_since = None
@@ -631,7 +631,8 @@ class GpuCheck(Check):
         def num(x: float) -> str:
             return f"{x / scale:.1f}".removesuffix(".0")
 
-        held_by = f"clock event reasons: {', '.join(reasons)}" if reasons else "no clock event reason reported"
+        held_by = (f"clock event reasons: {', '.join(reasons)}" if reasons else "no clock event reason reported"
+                   if g.reasons is not None else "clock event reasons NOT_SUPPORTED")
         return [self._finding(f"gpu/{g.bus}", code,
                               f"{label} {num(low.value)} {unit} is {low.below:.0f}% below the median "
                               f"{num(low.median)} {unit} of {low.peers} loaded GPUs (tolerance {tolerance:g}%) "
@@ -639,7 +640,8 @@ class GpuCheck(Check):
                               value=f"{num(low.value)} {unit}", median=f"{num(low.median)} {unit}",
                               below=f"{low.below:.1f}%", tolerance=f"{tolerance:g}%", loaded_gpus=str(low.peers),
                               utilization=f"{g.util}%", since=f"{held:.0f}s",
-                              reasons=",".join(reasons) or "none", reasons_mask=hex(g.reasons or 0))]
+                              reasons=",".join(reasons) or ("none" if g.reasons is not None else "NOT_SUPPORTED"),
+                              reasons_mask="NOT_SUPPORTED" if g.reasons is None else hex(g.reasons))]
 
     def _temperature(self, comp: str, h: Any) -> int | None:
         try:
