@@ -53,6 +53,7 @@ POLL_FIELDS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("temp_slowdown", "nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",)),
     ("temp_shutdown", "nvmlDeviceGetTemperatureThreshold", ("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",)),
     ("clocks_event_reasons", "nvmlDeviceGetCurrentClocksEventReasons", ()),
+    ("sm_clock_mhz", "nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)),  # the relative checks (checks/gpu/outliers.py)
     ("ecc_dbe_volatile", "nvmlDeviceGetTotalEccErrors", ("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC")),
     ("remapped_rows", "nvmlDeviceGetRemappedRows", ()),
     ("utilization", "nvmlDeviceGetUtilizationRates", ()),
@@ -135,6 +136,7 @@ def step_nvml() -> Row:
     import pynvml as n
 
     from checks.gpu.events import TYPE_NAMES, WANTED
+    from checks.gpu.outliers import decode_reasons
 
     n.nvmlInit()
     try:
@@ -157,6 +159,8 @@ def step_nvml() -> Row:
             gpu["event_types"] = ([name for bit, name in TYPE_NAMES.items() if types & bit]
                                   if isinstance(types, int) else types)
             gpu["events_watched"] = bool(isinstance(types, int) and types & WANTED)
+            reasons = gpu["fields"].get("clocks_event_reasons")
+            gpu["clock_event_reasons"] = decode_reasons(reasons) if isinstance(reasons, int) else reasons
             gpu["field_batch"] = field_batch_agrees(n, h)
             gpu["fabric"] = fabric_info(n, h)
             if gpu["fabric"].get("state") in ("NOT_SUPPORTED", None):

@@ -44,6 +44,7 @@ def test_wheelhouse_then_an_offline_venv_and_a_run_without_a_driver_say_what_the
 def test_the_gpu_path_runs_against_a_driver_stand_in(tmp_path: Path, lib: str) -> None:  # noqa: F811
     state = emu.healthy_node(4)
     state.gpus[1].event_types = 0
+    state.gpus[1].sm_clock_mhz = -1  # a driver that does not give the SM clock
     state.gpus[2].power_mw = -1
     state.gpus[3].fabric_state = emu.FABRIC_NOT_SUPPORTED  # a PCIe card among them
     path = tmp_path / "nvml.state"
@@ -60,6 +61,8 @@ def test_the_gpu_path_runs_against_a_driver_stand_in(tmp_path: Path, lib: str) -
     assert len(gpus) == 4 and gpus[0]["fields"]["temperature"] == 35 and gpus[0]["events_watched"]
     assert gpus[1]["event_types"] == [] and not gpus[1]["events_watched"]
     assert gpus[2]["fields"]["power_mw"].startswith("error: ")
+    assert gpus[0]["fields"]["sm_clock_mhz"] == emu.IDLE_SM_CLOCK_MHZ and gpus[0]["clock_event_reasons"] == ["gpu_idle"]
+    assert steps["nvml"]["data"]["not_supported"]["sm_clock_mhz"] == ["1"]
     assert gpus[0]["fabric"]["state"] == "COMPLETED" and gpus[0]["fabric"]["problems"] == []
     assert gpus[3]["fabric"]["state"] == "NOT_SUPPORTED"
     assert steps["nvml"]["data"]["not_supported"]["fabric"] == ["3"] and "fabric (GPU 3)" in steps["nvml"]["detail"]

@@ -225,3 +225,26 @@ def test_fabric_info_through_pynvml_in_both_struct_versions(lib: str, node: Path
     assert got[5][0] == 3 and got[5][6] == 3  # the call NOT_SUPPORTED (pre-Hopper)
     assert got[6][3] == 9
     assert got[8] == 25  # another struct version: NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_load_clocks_power_and_reasons_through_pynvml(lib: str, node: Path) -> None:
+    """What the GPU check's relative checks read: utilization, SM clock, power draw, clock event reasons."""
+    got = run(lib, node, """
+        edit(lambda s: [emu.under_load(s, 1), emu.set_value(s, 2, "sm_clock_mhz", "-1"),
+             emu.set_value(s, 1, "clocks_event_reasons", "0x24")])
+        n.nvmlInit()
+        out = []
+        for i in range(3):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            sm = (code(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM) if i == 2
+                  else n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
+            out.append([sm,
+                        code(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_MEM),
+                        n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_GRAPHICS) if i != 2 else None,
+                        n.nvmlDeviceGetUtilizationRates(h).gpu, n.nvmlDeviceGetPowerUsage(h),
+                        n.nvmlDeviceGetCurrentClocksEventReasons(h), n.nvmlDeviceGetCurrentClocksThrottleReasons(h)])
+        print(json.dumps(out))
+    """)
+    assert got[0] == [emu.IDLE_SM_CLOCK_MHZ, 3, emu.IDLE_SM_CLOCK_MHZ, 0, emu.IDLE_POWER_MW, 0x1, 0x1]  # idle
+    assert got[1] == [emu.BOOST_SM_CLOCK_MHZ, 3, emu.BOOST_SM_CLOCK_MHZ, 95, emu.LOADED_POWER_MW, 0x24, 0x24]
+    assert got[2][0] == 3  # sm_clock_mhz -1: NOT_SUPPORTED, as a driver that hides clocks

@@ -15,6 +15,9 @@ Each poll also reads every GPU's NVLink fabric registration (`checks/gpu/fabric.
 are named once in the note and not asked again) and compares NVML's GPUs with the NVIDIA GPUs the PCI bus
 shows (`checks/gpu/pci.py`): one on the bus that NVML does not list is GPU_MISSING on `gpu/<bdf>`. With the
 emulator that comparison needs `roots.sys` to be a fixture tree (the emulated GPUs are not on this host's bus).
+
+Under load the poll also compares the GPUs with each other (`checks/gpu/outliers.py`): SM clock and power draw
+against the median of the loaded GPUs, from the readings it takes anyway plus one clock read per loaded GPU.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from checks.gpu.device import _Current, _Gpu
 from checks.gpu.events import EventWatcher, address, emitter
 from checks.gpu.fabric import FabricInfo, cliques, nvmlDeviceGetGpuFabricInfoV
 from checks.gpu.nvml_fields import FieldBatch
+from checks.gpu.outliers import below_median, decode_reasons
 from checks.gpu.parse import normalize_bus_id, nvml_text
 from checks.gpu.pci import PciGpus
 from checks.kernel import xid
@@ -330,7 +334,7 @@ class GpuCheck(Check):
                 g.lost = True
                 findings.append(self._finding(f"gpu/{g.bus}", "GPU_LOST", f"NVML: GPU {g.bus} is lost",
                                               reason="NVML_ERROR_GPU_IS_LOST", uuid=g.uuid))
-        findings += self._clique_mismatch(fabrics) + self._missing_on_pci()
+        findings += self._clique_mismatch(fabrics) + self._missing_on_pci() + self._outliers(cfg, now)
         findings += self._stall(ctx, cfg, now, pids, utils)
         self.compute_pids = frozenset(pids)
         self._publish()  # read by the diagnostics (a busy node refuses a Run) and the tracer
@@ -339,10 +343,15 @@ class GpuCheck(Check):
     def _poll_gpu(self, g: _Gpu, cfg: GpuConfig, now: float, pids: set[int], utils: list[int]) -> list[Finding]:
         """One GPU's readings, each fault as a finding; its compute pids and utilization are gathered too."""
         comp = f"gpu/{g.bus}"
+        g.util = g.sm_clock = g.power_mw = g.reasons = None  # this poll's, for the relative checks
         out = self._temp_high(g, comp, cfg) + self._hw_slowdown(g, comp, cfg, now) + self._memory_errors(g, comp)
         util = self._opt(comp, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
         if util is not None:
             utils.append(util.gpu)
+            g.util = int(util.gpu)
+            if g.util >= cfg.outlier_utilization:  # the one call the relative checks add, and only under load
+                clock = self._opt(comp, pynvml.nvmlDeviceGetClockInfo, g.handle, pynvml.NVML_CLOCK_SM)
+                g.sm_clock = None if clock is None else int(clock)
         out += self._pcie_link(g, comp, cfg, util.gpu if util is not None else 0)
         out += self._pcie_replays(g, comp, cfg, now) + self._nvlink(g, comp, cfg) + self._power(g, comp)
         procs = self._opt(comp, pynvml.nvmlDeviceGetComputeRunningProcesses, g.handle) or []
@@ -451,7 +460,8 @@ class GpuCheck(Check):
 
     def _hw_slowdown(self, g: _Gpu, comp: str, cfg: GpuConfig, now: float) -> list[Finding]:
         """HW slowdown reasons raise only once they have held for slowdown_window (not a blip)."""
-        reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, g.handle) or 0
+        g.reasons = self._opt(comp, pynvml.nvmlDeviceGetCurrentClocksEventReasons, g.handle)  # outliers' evidence
+        reasons = g.reasons or 0
         hw = [name for bit, name in HW_REASONS.items() if reasons & bit]
         if not hw:
             g.slowdown_since = None
@@ -569,13 +579,69 @@ class GpuCheck(Check):
                 if self._opt(comp, pynvml.nvmlDeviceGetNvLinkState, g.handle, link) == pynvml.NVML_FEATURE_DISABLED]
 
     def _power(self, g: _Gpu, comp: str) -> list[Finding]:
+        """GPU_POWER_UNREADABLE; the draw read goes to the relative checks (`g.power_mw`)."""
         try:
-            self._call(comp, pynvml.nvmlDeviceGetPowerUsage, g.handle)
+            g.power_mw = int(self._call(comp, pynvml.nvmlDeviceGetPowerUsage, g.handle))
         except pynvml.NVMLError_GpuIsLost:
             raise
         except pynvml.NVMLError as e:
             return [self._finding(comp, "GPU_POWER_UNREADABLE", f"power draw unreadable: {e}", error=str(e))]
         return []
+
+    # -- relative checks across the node's GPUs ----------------------------------------------------
+    def _outliers(self, cfg: GpuConfig, now: float) -> list[Finding]:
+        """GPU_CLOCK_OUTLIER / GPU_POWER_OUTLIER: a loaded GPU below the loaded GPUs' median by more than the
+        tolerance for outlier_window (checks/gpu/outliers.py says why relative). A GPU that is idle, lost or
+        without a reading has its window reset, and so has every GPU while fewer than outlier_min_gpus are
+        loaded (no median worth the name). Uses this poll's readings only: no NVML call of its own."""
+        loaded = [g for g in self.inventory if not g.lost and g.util is not None and g.util >= cfg.outlier_utilization]
+        ids = {id(g) for g in loaded}  # by identity: _Gpu compares by value
+        for g in self.inventory:
+            if id(g) not in ids or len(loaded) < cfg.outlier_min_gpus:
+                g.clock_low_since = g.power_low_since = None
+        if len(loaded) < cfg.outlier_min_gpus:
+            return []
+        out: list[Finding] = []
+        clocks = [float(g.sm_clock) for g in loaded if g.sm_clock is not None]
+        powers = [float(g.power_mw) for g in loaded if g.power_mw is not None]
+        for g in loaded:
+            out += self._outlier(g, "clock", g.sm_clock, clocks, cfg.clock_tolerance, cfg, now)
+            out += self._outlier(g, "power", g.power_mw, powers, cfg.power_tolerance, cfg, now)
+        return out
+
+    def _outlier(self, g: _Gpu, what: str, value: int | None, values: list[float], tolerance: float,
+                 cfg: GpuConfig, now: float) -> list[Finding]:
+        """One GPU, one quantity: its window below the median kept on `g`, a finding once it has held."""
+        since_attr = f"{what}_low_since"
+        low = (below_median(values, float(value), tolerance)
+               if value is not None and len(values) >= cfg.outlier_min_gpus else None)
+        if low is None:
+            setattr(g, since_attr, None)
+            return []
+        since = getattr(g, since_attr)
+        since = now if since is None else since
+        setattr(g, since_attr, since)
+        held = now - since
+        if held < cfg.outlier_window:
+            return []
+        reasons = decode_reasons(g.reasons)
+        code, label, unit, scale = (("GPU_CLOCK_OUTLIER", "SM clock", "MHz", 1.0) if what == "clock"
+                                    else ("GPU_POWER_OUTLIER", "power draw", "W", 1000.0))  # NVML gives mW
+
+        def num(x: float) -> str:
+            return f"{x / scale:.1f}".removesuffix(".0")
+
+        held_by = (f"clock event reasons: {', '.join(reasons)}" if reasons else "no clock event reason reported"
+                   if g.reasons is not None else "clock event reasons NOT_SUPPORTED")
+        return [self._finding(f"gpu/{g.bus}", code,
+                              f"{label} {num(low.value)} {unit} is {low.below:.0f}% below the median "
+                              f"{num(low.median)} {unit} of {low.peers} loaded GPUs (tolerance {tolerance:g}%) "
+                              f"for {held:.0f}s; {held_by}",
+                              value=f"{num(low.value)} {unit}", median=f"{num(low.median)} {unit}",
+                              below=f"{low.below:.1f}%", tolerance=f"{tolerance:g}%", loaded_gpus=str(low.peers),
+                              utilization=f"{g.util}%", since=f"{held:.0f}s",
+                              reasons=",".join(reasons) or ("none" if g.reasons is not None else "NOT_SUPPORTED"),
+                              reasons_mask="NOT_SUPPORTED" if g.reasons is None else hex(g.reasons))]
 
     def _temperature(self, comp: str, h: Any) -> int | None:
         try:

@@ -73,6 +73,18 @@ class GpuConfig(CheckConfig):
     nvlink_counters_every: int = Field(default=10, ge=1)
     replay_window: Duration = 60.0
     replay_per_lane_per_min: float | None = None  # default: DCGM's, from the rule file (thresholds.pcie_replay)
+    # GPU_CLOCK_OUTLIER / GPU_POWER_OUTLIER (checks/gpu/outliers.py): a GPU at or above outlier_utilization %
+    # is loaded; with at least outlier_min_gpus loaded (a median of two is their mean, and cannot say which is
+    # slow), one whose SM clock / power draw stays more than clock_tolerance / power_tolerance % below their
+    # median for outlier_window is the outlier. Under load SM clocks sit at boost unless something holds them
+    # down, so 10 % below its peers is already held down. Power follows the work each
+    # GPU is given as much as its health (uneven pipeline stages and shards, per-chip leakage and temperature
+    # move it by 5-15 % on healthy nodes), so its default is twice as wide: 20 %.
+    outlier_utilization: int = Field(default=50, ge=1, le=100)
+    outlier_min_gpus: int = Field(default=3, ge=2)
+    clock_tolerance: float = Field(default=10.0, gt=0, lt=100)
+    power_tolerance: float = Field(default=20.0, gt=0, lt=100)
+    outlier_window: Duration = 60.0
     stall_after: Duration = 300.0  # TRAINING_STALLED after this long idle with processes alive
     stall_utilization: int = Field(default=1, ge=0, le=100)  # % at or below which a GPU counts as idle
     stall_traffic_bytes_per_s: float = Field(default=1_000_000.0, ge=0)  # RDMA+NIC below this is ~0

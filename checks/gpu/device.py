@@ -33,6 +33,13 @@ class _Gpu:
     link_batch: FieldBatch | None = None  # that field for each active link, asked in one call
     has_fabric: bool | None = None  # NVLink fabric info answered with a state (None: not asked yet)
     fabric_since: float | None = None  # first poll (monotonic) that saw its registration not completed
+    # This poll's readings for the relative checks (checks/gpu/outliers.py); None: not read or unreadable.
+    util: int | None = None  # utilization.gpu, %
+    sm_clock: int | None = None  # MHz, read only while the GPU is loaded
+    power_mw: int | None = None
+    reasons: int | None = None  # the clock event (throttle) reasons mask
+    clock_low_since: float | None = None  # first poll (monotonic) of its current run below the median clock
+    power_low_since: float | None = None  # the same for power
 
 
 class _Current:

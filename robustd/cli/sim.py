@@ -4,6 +4,8 @@
     robustctl sim init --gpus 8 --no-fabric           PCIe cards: no NVLink fabric (fabric state NOT_SUPPORTED)
     robustctl sim show                                the GPUs, their key metrics and faults
     robustctl sim set gpu 3 temperature 90            any GPU key (see `show --json`)
+    robustctl sim set gpu 3 sm_clock_mhz 1400         load, clocks, power: utilization_gpu, sm_clock_mhz, power_mw,
+                                                      clocks_event_reasons (the GPU check's relative checks)
     robustctl sim fault gpu 3 lost|hang|vanish|ecc-dbe|remap-pending|remap-failure|hw-slowdown|
                               nvlink-down|nvlink-errors|pcie-width|pcie-replay|power-unreadable [--link L]
     robustctl sim fault gpu 3 xid 79                  an NVML event (Xid critical error), as the driver sends it

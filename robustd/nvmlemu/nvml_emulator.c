@@ -66,6 +66,7 @@ struct emu_gpu {
     int nvlink_down[EMU_MAX_LINKS];
     unsigned long long nvlink_errors[EMU_MAX_LINKS][EMU_ERR_COUNTERS];
     long long power_mw;
+    int sm_clock_mhz; /* nvmlDeviceGetClockInfo(NVML_CLOCK_SM / GRAPHICS); negative: NOT_SUPPORTED */
     unsigned int util_gpu, util_mem;
     unsigned int nprocs;
     unsigned int proc_pid[EMU_MAX_PROCS];
@@ -205,6 +206,7 @@ static void set_gpu_key(struct emu_gpu *g, const char *k, const char *v) {
         unsigned long long n = num(v);
         g->nvlink_count = n > EMU_MAX_LINKS ? EMU_MAX_LINKS : (unsigned int)n;
     } else if (strcmp(k, "power_mw") == 0) g->power_mw = strtoll(v, NULL, 0);
+    else if (strcmp(k, "sm_clock_mhz") == 0) g->sm_clock_mhz = atoi(v);
     else if (strcmp(k, "utilization_gpu") == 0) g->util_gpu = (unsigned int)num(v);
     else if (strcmp(k, "utilization_memory") == 0) g->util_mem = (unsigned int)num(v);
     else if (strcmp(k, "event_types") == 0) g->event_types = num(v);
@@ -536,6 +538,17 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigne
 
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons) {
     return nvmlDeviceGetCurrentClocksEventReasons(device, reasons);
+}
+
+/* The current SM clock; graphics is the same clock domain on these GPUs. Memory and video clocks are not
+ * emulated (NOT_SUPPORTED), nor is a state file's negative sm_clock_mhz (a driver that hides clocks). */
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    ENTER(device, g);
+    if (!clock) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if ((type != NVML_CLOCK_SM && type != NVML_CLOCK_GRAPHICS) || g->sm_clock_mhz < 0)
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    *clock = (unsigned int)g->sm_clock_mhz;
+    return leave(NVML_SUCCESS);
 }
 
 /* ---- memory errors ---------------------------------------------------------------------- */

@@ -16,6 +16,9 @@ Format (text, one `key = value` a line, `#` comments; numbers may be hex with 0x
     bus_id = 00000000:1B:00.0     # as NVML prints it: 8-digit domain, upper-case hex
     temperature = 35
     ...
+    power_mw = 72000              # nvmlDeviceGetPowerUsage (-1: the reading fails)
+    sm_clock_mhz = 345            # nvmlDeviceGetClockInfo(NVML_CLOCK_SM or GRAPHICS); -1: NOT_SUPPORTED
+    utilization_gpu = 0           # nvmlDeviceGetUtilizationRates
     nvlink_down = 3,7             # links that report inactive
     nvlink_errors = 3:2:12        # link:counter:value (counter = nvmlNvLinkErrorCounter_t)
     processes = 4242:1073741824   # pid:used bytes, the compute processes
@@ -44,6 +47,9 @@ NVLink fabric (NVSwitch systems): a healthy node's GPUs have registered with the
 completed, status success, one clique and cluster). `fault gpu N fabric not-started|in-progress|error|
 degraded` changes what nvmlDeviceGetGpuFabricInfoV answers; `clear` puts it back to completed.
 `healthy_node(n, fabric=False)` (`sim init --no-fabric`) is a node of PCIe cards: state NOT_SUPPORTED.
+
+Load, clocks and power are plain values (`sim set gpu N utilization_gpu 95`, `sm_clock_mhz 1400`,
+`power_mw 420000`, `clocks_event_reasons 0x4`); `under_load` puts a GPU where a training step keeps it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
 HEALTHY_TEMPERATURE = 35
 IDLE_POWER_MW = 72_000
+IDLE_SM_CLOCK_MHZ = 345  # an idle H100 SXM's SM clock
+BOOST_SM_CLOCK_MHZ = 1980  # its maximum SM clock, where it sits under load unless held down
+LOADED_POWER_MW = 650_000  # an H100 SXM (700 W limit) in a training step
 
 # nvmlEventType bits (nvml.h)
 EVENT_DBE = 0x2
@@ -127,6 +136,7 @@ class GpuState:
     nvlink_down: str = ""
     nvlink_errors: str = ""
     power_mw: int = IDLE_POWER_MW  # -1: the power reading fails (NVML_ERROR_UNKNOWN)
+    sm_clock_mhz: int = IDLE_SM_CLOCK_MHZ  # nvmlDeviceGetClockInfo(NVML_CLOCK_SM); -1: NOT_SUPPORTED
     utilization_gpu: int = 0
     utilization_memory: int = 0
     processes: str = ""
@@ -263,6 +273,14 @@ def set_value(state: EmulatorState, index: int, key: str, value: str) -> None:
             raise ValueError(f"{key} must be a number, got {value!r}") from None
     else:
         setattr(gpu, key, value)
+
+
+def under_load(state: EmulatorState, index: int, utilization: int = 95) -> None:
+    """GPU `index` as in a training step: busy, at its boost SM clock, drawing a loaded GPU's power, and no
+    longer idle among its clock event reasons (other reasons, e.g. a HW slowdown fault, stay)."""
+    gpu = _gpu(state, index)
+    gpu.utilization_gpu, gpu.sm_clock_mhz, gpu.power_mw = utilization, BOOST_SM_CLOCK_MHZ, LOADED_POWER_MW
+    gpu.clocks_event_reasons &= ~REASON_GPU_IDLE
 
 
 def _links(text: str) -> list[int]:
