@@ -7,8 +7,9 @@ node runs slow and nothing raises a fault. So the manager reads the settings bef
 the last, restores the fields that differ, reads them a third time, and names what is still not as it was.
 
 What NVML reads back, and so what is compared: application clocks (graphics and memory,
-nvmlDeviceGetApplicationsClock), the power management limit and the enforced power limit, persistence mode,
-compute mode, ECC mode and MIG mode (each current and pending). Fields a GPU answers NOT_SUPPORTED (or a
+nvmlDeviceGetApplicationsClock; nvmlDeviceGetClock's APP_CLOCK_TARGET where NVML 13 dropped it), the power
+management limit and the enforced power limit, persistence mode, compute mode, ECC mode and MIG mode (each
+current and pending). Fields a GPU answers NOT_SUPPORTED (or a
 driver FUNCTION_NOT_FOUND) for are left out on that GPU. NOT readable: locked GPU and memory clocks
 (nvmlDeviceSetGpuLockedClocks / SetMemoryLockedClocks have no getter in nvml.h, and nvmlDeviceGetClock's
 clock ids are the current clock, the application clock target and default, and the customer boost maximum),
@@ -188,10 +189,21 @@ def judge(before: Snapshot, after: Snapshot, attempts: dict[str, dict[str, str]]
 
 
 # -- the child -----------------------------------------------------------------------------------
+def _app_clock(n: Any, handle: Any, clock: int) -> int:
+    """nvmlDeviceGetApplicationsClock, deprecated in NVML 13: where it is gone, the same target through
+    nvmlDeviceGetClock(NVML_CLOCK_ID_APP_CLOCK_TARGET)."""
+    try:
+        return int(n.nvmlDeviceGetApplicationsClock(handle, clock))
+    except n.NVMLError as e:
+        if e.value not in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND):
+            raise
+        return int(n.nvmlDeviceGetClock(handle, clock, n.NVML_CLOCK_ID_APP_CLOCK_TARGET))
+
+
 def _readers(n: Any) -> list[tuple[tuple[str, ...], Callable[[Any], tuple[int, ...]]]]:
     return [
-        (("app_clock_graphics",), lambda h: (n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_GRAPHICS),)),
-        (("app_clock_memory",), lambda h: (n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_MEM),)),
+        (("app_clock_graphics",), lambda h: (_app_clock(n, h, n.NVML_CLOCK_GRAPHICS),)),
+        (("app_clock_memory",), lambda h: (_app_clock(n, h, n.NVML_CLOCK_MEM),)),
         (("power_limit",), lambda h: (n.nvmlDeviceGetPowerManagementLimit(h),)),
         (("enforced_power_limit",), lambda h: (n.nvmlDeviceGetEnforcedPowerLimit(h),)),
         (("persistence_mode",), lambda h: (n.nvmlDeviceGetPersistenceMode(h),)),
@@ -201,22 +213,34 @@ def _readers(n: Any) -> list[tuple[tuple[str, ...], Callable[[Any], tuple[int, .
     ]
 
 
-def _read(n: Any, handles: dict[str, Any], buses: list[str], unnamed: list[str]) -> Snapshot:
+def read_settings(n: Any, handle: Any) -> tuple[dict[str, int], dict[str, str], list[str]]:
+    """One GPU's settings through pynvml `n`: (values, errors by field, the fields NOT_SUPPORTED here). Also
+    bench/gpu_validate.py's read, so a real-GPU run shows which of these a driver answers."""
     unsupported = (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND)
+    values: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    missing: list[str] = []
+    for names, read in _readers(n):
+        try:
+            values.update(zip(names, (int(v) for v in read(handle)), strict=True))
+        except n.NVMLError as e:
+            name = names[0].removesuffix("_current")
+            if e.value in unsupported:
+                missing.append(name)
+            else:
+                errors[name] = str(e)
+    return values, errors, missing
+
+
+def _read(n: Any, handles: dict[str, Any], buses: list[str], unnamed: list[str]) -> Snapshot:
     out: Snapshot = {}
     for bus in buses:
-        values: dict[str, int] = {}
-        errors: dict[str, str] = {}
-        out[bus] = {"values": values, "errors": errors}
         if bus not in handles:
-            errors["gpu"] = "NVML does not list this GPU" + (f" ({'; '.join(unnamed)[:300]})" if unnamed else "")
+            why = "NVML does not list this GPU" + (f" ({'; '.join(unnamed)[:300]})" if unnamed else "")
+            out[bus] = {"values": {}, "errors": {"gpu": why}}
             continue
-        for names, read in _readers(n):
-            try:
-                values.update(zip(names, (int(v) for v in read(handles[bus])), strict=True))
-            except n.NVMLError as e:
-                if e.value not in unsupported:
-                    errors[names[0].removesuffix("_current")] = str(e)
+        values, errors, _ = read_settings(n, handles[bus])
+        out[bus] = {"values": values, "errors": errors}
     return out
 
 
