@@ -310,9 +310,12 @@ class DiagnosticsManager:
         r = run.report
         r.finished = time.time()
         fails = [x for x in r.results if x.status == Status.FAIL]
+        # A GPU the run left changed is GPU_STATE_CHANGED (a WARNING: reset it before the next job), not a
+        # failed test: the report's outcome, severity and suspects are the tests' alone.
+        failed_tests = [x for x in fails if x.test != gpustate.TEST]
         if run.cancelled:
             r.outcome, r.message = Outcome.CANCELLED, "cancelled; its child processes were killed"
-        elif fails:
+        elif failed_tests:
             r.outcome = Outcome.FAIL
         elif any(x.status == Status.ERROR for x in r.results):
             r.outcome = Outcome.ERROR
@@ -324,8 +327,8 @@ class DiagnosticsManager:
             r.outcome = Outcome.PASS
         findings, worst = self._conditions(run, fails)
         if r.outcome == Outcome.FAIL:
-            r.severity, r.action = worst
-            r.suspects.extend(sorted({x.component for x in fails}))
+            r.severity, r.action = self._conditions(run, failed_tests)[1]
+            r.suspects.extend(sorted({x.component for x in failed_tests}))
         else:
             r.severity, r.action = Severity.OK, Action.NONE
             if r.outcome == Outcome.PASS:
@@ -333,6 +336,9 @@ class DiagnosticsManager:
         if restored := [x for x in r.results if x.test == gpustate.TEST and x.status == Status.PASS]:
             r.message += ("; " if r.message else "") + "GPU settings the run changed were restored on " + ", ".join(
                 x.component for x in restored)
+        if changed := [x for x in fails if x.test == gpustate.TEST]:
+            r.message += ("; " if r.message else "") + ("GPU settings left changed (GPU_STATE_CHANGED, reset the GPU) "
+                                                         "on " + ", ".join(x.component for x in changed))
         self._save(r)
         self.outcomes[r.outcome.name] = self.outcomes.get(r.outcome.name, 0) + 1
         if findings:
