@@ -6,7 +6,8 @@ the shell wrapper makes a venv from the wheelhouse and runs this from the checko
 1. nvml: NVML through the pinned pynvml, as the GPU check calls it: the inventory, every field the
    poll reads per GPU (value, NOT_SUPPORTED or error), the event types each GPU supports, and the NVLink
    fabric info (state, status, clique, cluster uuid, health mask; NOT_SUPPORTED where the GPU has no fabric,
-   by the call or by its state);
+   by the call or by its state), and the settings the diagnostics restore after a run (application clocks,
+   power limits, persistence, compute, ECC and MIG modes; robustd/diagnostics/gpustate.py);
 2. daemon: robustd with `checks.gpu.backend: nvml`: the GPU check's status and note (events
    NOT_SUPPORTED anywhere), the verdict on this (presumably healthy) node, the inventory it logged;
 3. diag: the `all_to_all` and `minigpt` stop-time tests on the NCCL/CUDA path, twice: both PASS,
@@ -132,6 +133,17 @@ def fabric_info(n: Any, handle: Any) -> dict[str, Any]:
             else hex(info.health_mask), "problems": info.problems()}
 
 
+def gpu_settings(n: Any, handle: Any, index: int, unsupported: dict[str, list[str]]) -> dict[str, Any]:
+    """The settings the diagnostics compare before and after a run (robustd/diagnostics/gpustate.py), read
+    as they read them: application clocks, power limits, persistence, compute, ECC and MIG modes."""
+    from robustd.diagnostics.gpustate import read_settings
+
+    values, errors, missing = read_settings(n, handle)
+    for name in missing:
+        unsupported.setdefault(name, []).append(str(index))
+    return {**values, **dict.fromkeys(missing, "NOT_SUPPORTED"), **{f: f"error: {e}" for f, e in errors.items()}}
+
+
 def step_nvml() -> Row:
     import pynvml as n
 
@@ -165,6 +177,7 @@ def step_nvml() -> Row:
             gpu["fabric"] = fabric_info(n, h)
             if gpu["fabric"].get("state") in ("NOT_SUPPORTED", None):
                 unsupported.setdefault("fabric", []).append(str(i))
+            gpu["settings"] = gpu_settings(n, h, i, unsupported)
             gpus.append(gpu)
         batch_ok = all(g["field_batch"]["same"] for g in gpus)
         detail = (f"{len(gpus)} GPUs, driver {_value(n.nvmlSystemGetDriverVersion())}; NOT_SUPPORTED: "

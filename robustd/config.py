@@ -224,6 +224,9 @@ class DiagnosticsConfig(Strict):
     python: NameOrPath | None = None  # the interpreter for the test children; default: the daemon's own
     timeout: Duration = 7200.0  # a whole Run, unless the request says otherwise
     keep_reports: int = Field(default=500, ge=1)
+    # Each read (and restore) of the GPUs' settings before and after a run (robustd/diagnostics/gpustate.py):
+    # its NVML child is killed past this, and the report says so (ERROR), as for a hung driver call.
+    gpu_state_timeout: Duration = Field(default=20.0, gt=0)
     test_faults: Flag = False  # accept test-only fault injection in specs (tests only; never in production)
     # The largest all_gather rendezvous (nodes) a Run may ask for; larger ones are INVALID_ARGUMENT.
     max_world_size: int = Field(default=4096, ge=1, le=65536)

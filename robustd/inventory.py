@@ -27,6 +27,7 @@ class GpuInventory:
     compute_pids: frozenset[int] = frozenset()  # processes holding compute contexts at the last poll
     emulated: bool = False  # the GPUs are the NVML emulator's
     polled_at: float = 0.0  # time.time() of the poll that read compute_pids (0: never polled)
+    nvml_library: str = ""  # the libnvidia-ml the check loaded ahead of pynvml's own ("": pynvml's default)
 
 
 NO_GPUS = GpuInventory()

@@ -7,8 +7,9 @@
 # On the GPU host:            scripts/gpu-validate.sh [--wheelhouse DIR] [--torch-python PY] [--out FILE] [--skip STEPS]
 #   makes a venv from the wheelhouse with the host's python3.11/3.12/3.13 (offline: pip --no-index),
 #   runs bench/gpu_validate.py from this checkout (no install, no make) and prints its summary table
-#   (its nvml step reads every field the GPU check polls, the NVLink fabric info among them, and names
-#   the ones this GPU and driver answer NOT_SUPPORTED: a PCIe card's fabric state is one);
+#   (its nvml step reads every field the GPU check polls, the NVLink fabric info among them, and the
+#   settings the diagnostics restore after a run (clocks, power limits, persistence, compute, ECC, MIG
+#   modes), and names the ones this GPU and driver answer NOT_SUPPORTED: a PCIe card's fabric state is one);
 #   the JSON goes to --out (default ./gpu-validate.json). torch is not in the wheelhouse: the diagnostics
 #   and tracer children use an interpreter with CUDA torch (--torch-python, $TORCH_PYTHON or python3).
 # Exit status: 0 all steps PASS or SKIP, 1 a step FAILed, 2 set-up failed.

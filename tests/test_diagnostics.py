@@ -24,12 +24,13 @@ FAKE_DCGMI = str(REPO / "tests" / "fakes" / "dcgmi")
 
 def diag_daemon(make_daemon: Any, mode: str = "pass4", diagnostics: dict[str, Any] | None = None,
                 checks: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                in_root: bool = False) -> Daemon:
-    """A started daemon for diagnostics; `in_root` starts it in its own directory (like `make run` in the checkout)."""
+                in_root: bool = False, env: dict[str, str] | None = None) -> Daemon:
+    """A started daemon for diagnostics; `in_root` starts it in its own directory (like `make run` in the checkout);
+    `env` adds to the daemon's environment (the fake dcgmi's other settings)."""
     d = make_daemon({"diagnostics": {"eud": {"command": [FAKE_DCGMI, "diag", "-r", "eud", "-j"], "timeout": "20s"},
                                      "test_faults": True, **(diagnostics or {})},
                      "checks": {"kernel": {"enabled": False}, **(checks or {})}, **(config or {})},
-                    env={"FAKE_DCGMI_MODE": mode})
+                    env={"FAKE_DCGMI_MODE": mode, **(env or {})})
     if in_root:
         d.cwd = d.root
     d.start()

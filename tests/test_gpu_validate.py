@@ -47,6 +47,7 @@ def test_the_gpu_path_runs_against_a_driver_stand_in(tmp_path: Path, lib: str) -
     state.gpus[1].sm_clock_mhz = -1  # a driver that does not give the SM clock
     state.gpus[2].power_mw = -1
     state.gpus[3].fabric_state = emu.FABRIC_NOT_SUPPORTED  # a PCIe card among them
+    state.gpus[3].mig_mode = -1  # ... without MIG
     path = tmp_path / "nvml.state"
     emu.save(str(path), state)
     out = tmp_path / "summary.json"
@@ -66,6 +67,8 @@ def test_the_gpu_path_runs_against_a_driver_stand_in(tmp_path: Path, lib: str) -
     assert gpus[0]["fabric"]["state"] == "COMPLETED" and gpus[0]["fabric"]["problems"] == []
     assert gpus[3]["fabric"]["state"] == "NOT_SUPPORTED"
     assert steps["nvml"]["data"]["not_supported"]["fabric"] == ["3"] and "fabric (GPU 3)" in steps["nvml"]["detail"]
+    assert gpus[0]["settings"]["power_limit"] == 700000 and gpus[0]["settings"]["ecc_mode_pending"] == 1
+    assert gpus[3]["settings"]["mig_mode"] == "NOT_SUPPORTED" and "mig_mode (GPU 3)" in steps["nvml"]["detail"]
     daemon = steps["daemon"]["data"]
     assert daemon["gpu_check"]["note"].startswith("NVML events NOT_SUPPORTED on 1 of 4 GPUs")
     assert any("GPU_POWER_UNREADABLE" in c for c in daemon["conditions"])

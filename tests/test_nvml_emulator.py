@@ -248,3 +248,39 @@ def test_load_clocks_power_and_reasons_through_pynvml(lib: str, node: Path) -> N
     assert got[0] == [emu.IDLE_SM_CLOCK_MHZ, 3, emu.IDLE_SM_CLOCK_MHZ, 0, emu.IDLE_POWER_MW, 0x1, 0x1]  # idle
     assert got[1] == [emu.BOOST_SM_CLOCK_MHZ, 3, emu.BOOST_SM_CLOCK_MHZ, 95, emu.LOADED_POWER_MW, 0x24, 0x24]
     assert got[2][0] == 3  # sm_clock_mhz -1: NOT_SUPPORTED, as a driver that hides clocks
+
+
+def test_settings_getters_and_setters_write_back_to_the_state_file(lib: str, node: Path) -> None:
+    """What a stop-time test may change reads back through pynvml; the setters robustd restores with write
+    the state file, so another process (the daemon, a fake dcgmi) sees the change."""
+    out = run(lib, node, """
+    n.nvmlInit()
+    h = n.nvmlDeviceGetHandleByIndex(1)
+    g = lambda: [n.nvmlDeviceGetApplicationsClock(h, n.NVML_CLOCK_GRAPHICS),
+                 n.nvmlDeviceGetClock(h, n.NVML_CLOCK_MEM, n.NVML_CLOCK_ID_APP_CLOCK_TARGET),
+                 n.nvmlDeviceGetPowerManagementLimit(h), n.nvmlDeviceGetEnforcedPowerLimit(h),
+                 n.nvmlDeviceGetPersistenceMode(h), n.nvmlDeviceGetComputeMode(h),
+                 list(n.nvmlDeviceGetEccMode(h)), list(n.nvmlDeviceGetMigMode(h))]
+    before = g()
+    edit(lambda s: [emu.set_value(s, 1, "app_clock_graphics", "1200"), emu.set_value(s, 1, "ecc_pending", "0")])
+    changed = g()
+    n.nvmlDeviceResetApplicationsClocks(h)
+    n.nvmlDeviceSetPowerManagementLimit(h, 500000)
+    n.nvmlDeviceSetComputeMode(h, n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+    n.nvmlDeviceSetPersistenceMode(h, 0)
+    after = g()
+    edit(lambda s: emu.set_value(s, 1, "set_error", "4"))
+    denied = code(n.nvmlDeviceSetPowerManagementLimit, h, 700000)
+    edit(lambda s: emu.set_value(s, 1, "mig_mode", "-1"))
+    mig = code(n.nvmlDeviceGetMigMode, h)
+    boost = code(n.nvmlDeviceGetClock, h, n.NVML_CLOCK_SM, n.NVML_CLOCK_ID_CUSTOMER_BOOST_MAX)
+    print(json.dumps([before, changed, after, denied, mig, boost]))
+    """)
+    before, changed, after, denied, mig, boost = out
+    assert before == [1980, 2619, 700000, 700000, 1, 0, [1, 1], [0, 0]]
+    assert changed[0] == 1200 and changed[6] == [1, 0]
+    assert after == [1980, 2619, 500000, 500000, 0, 3, [1, 0], [0, 0]]
+    saved = emu.load(str(node)).gpus[1]  # written back: what the next process reads
+    assert (saved.power_limit_mw, saved.compute_mode, saved.persistence_mode) == (500000, 3, 0)
+    assert emu.load(str(node)).gpus[0].power_limit_mw == 700000  # only that GPU's section
+    assert denied == 4 and mig == 3 and boost == 3  # NO_PERMISSION; NOT_SUPPORTED

@@ -81,6 +81,7 @@ class GpuCheck(Check):
         self._hang_grace = 1.0
         self._no_fabric: list[str] = []  # bus ids of GPUs without an NVLink fabric (said once in the note)
         self._pci: PciGpus | None = None  # None: no PCI comparison (the emulator on this host's own /sys)
+        self._library = ""  # the libnvidia-ml loaded ahead of pynvml's (published: diagnostics' children load it)
 
     def borrowed_codes(self) -> Mapping[str, CodeRule]:
         """The Xid table (checks/kernel/xid.py): NVML Xid events raise the kernel check's codes, also where the
@@ -105,7 +106,7 @@ class GpuCheck(Check):
         devices = tuple(GpuDevice(index=i, bus_id=g.bus, uuid=g.uuid, name=g.name)
                         for i, g in enumerate(self.inventory))
         self._published = GpuInventory(devices=devices, driver=self.driver_version, compute_pids=self.compute_pids,
-                                       emulated=self._emulated, polled_at=time.time())
+                                       emulated=self._emulated, polled_at=time.time(), nvml_library=self._library)
 
     def emulated(self) -> str | None:
         """Shown in every verdict, so an emulated node is never taken for a real one."""
@@ -236,9 +237,10 @@ class GpuCheck(Check):
             lib = self._emulator_library(ctx, cfg)
             os.environ[ENV_VAR] = os.path.abspath(cfg.emulator_state or "")
             ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)  # before pynvml's dlopen of the same SONAME
-            self._emulated = True
+            self._emulated, self._library = True, os.path.abspath(lib)
         elif ctx.roots.nvml_library != DEFAULT_NVML_LIBRARY:  # roots.nvml_library names another copy: load it
             ctypes.CDLL(ctx.roots.nvml_library, mode=ctypes.RTLD_GLOBAL)  # first, as for the emulator
+            self._library = ctx.roots.nvml_library
         self._call("host", pynvml.nvmlInit)
         self.driver_version = nvml_text(self._call("host", pynvml.nvmlSystemGetDriverVersion))
         self.inventory = self._enumerate()

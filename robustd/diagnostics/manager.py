@@ -24,7 +24,7 @@ import psutil
 
 from robustd.codes import CodeRule
 from robustd.config import DiagnosticsConfig
-from robustd.diagnostics import golden, table
+from robustd.diagnostics import golden, gpustate, table
 from robustd.diagnostics.launcher import Child, run_child
 from robustd.diagnostics.model import (
     Golden,
@@ -213,6 +213,7 @@ class DiagnosticsManager:
         failed = False
         n = len(run.tests)
         try:
+            before = await self._record_gpu_state(run, view)
             for i, test in enumerate(run.tests):
                 if run.cancelled or time.monotonic() >= run.deadline or (failed and run.request.stop_on_failure):
                     why = ("cancelled" if run.cancelled else "the run's timeout passed" if
@@ -228,6 +229,8 @@ class DiagnosticsManager:
                 failed = failed or any(r.status == Status.FAIL for r in results)
                 self._publish(run, Progress(id=run.id, test=test, percent=100.0 * (i + 1) / n, phase=Phase.FINISHED,
                                             results=tuple(results)))
+            if before is not None:  # also after a cancel: its children are gone, whatever they changed stays
+                run.report.results.extend(await gpustate.restore(view.nvml_library, before, cfg.gpu_state_timeout))
         except Exception as e:  # noqa: BLE001 - a broken run is an ERROR report, never a dead daemon
             log.exception("diagnostic %s failed", run.id)
             run.report.results.append(TestResult(test="", component="host", status=Status.ERROR,
@@ -237,6 +240,16 @@ class DiagnosticsManager:
             shutil.rmtree(os.path.join(self.work_root, run.id), ignore_errors=True)
             self.running = None
             self.last_end = time.time()
+
+    async def _record_gpu_state(self, run: Run, view: GpuInventory) -> gpustate.Snapshot | None:
+        """Each GPU's settings before the first test (robustd/diagnostics/gpustate.py), to set back after the
+        last; None (and nothing restored) without GPUs the GPU check has named, or when NVML could not say."""
+        buses = [g.bus_id for g in view.devices if not g.bus_id.startswith("index")]
+        if not buses:
+            return None
+        before, errors = await gpustate.record(view.nvml_library, buses, self.config().gpu_state_timeout)
+        run.report.results.extend(errors)
+        return before
 
     async def _run_test(self, run: Run, test: table.StopTimeTest, i: int, view: GpuInventory, cfg: DiagnosticsConfig
                         ) -> list[TestResult]:
@@ -297,25 +310,35 @@ class DiagnosticsManager:
         r = run.report
         r.finished = time.time()
         fails = [x for x in r.results if x.status == Status.FAIL]
+        # A GPU the run left changed is GPU_STATE_CHANGED (a WARNING: reset it before the next job), not a
+        # failed test: the report's outcome, severity and suspects are the tests' alone.
+        failed_tests = [x for x in fails if x.test != gpustate.TEST]
         if run.cancelled:
             r.outcome, r.message = Outcome.CANCELLED, "cancelled; its child processes were killed"
-        elif fails:
+        elif failed_tests:
             r.outcome = Outcome.FAIL
         elif any(x.status == Status.ERROR for x in r.results):
             r.outcome = Outcome.ERROR
-        elif not any(x.status == Status.PASS for x in r.results):
+        elif not any(x.status == Status.PASS and x.test != gpustate.TEST for x in r.results):
             r.outcome, r.message = Outcome.ERROR, "nothing was tested: " + "; ".join(
-                f"{x.test}: {x.message}" for x in r.results)  # all skipped is no evidence of health
+                f"{x.test}: {x.message}" for x in r.results
+                if x.test != gpustate.TEST)  # all skipped is no evidence of health (settings restored are none)
         else:
             r.outcome = Outcome.PASS
         findings, worst = self._conditions(run, fails)
         if r.outcome == Outcome.FAIL:
-            r.severity, r.action = worst
-            r.suspects.extend(sorted({x.component for x in fails}))
+            r.severity, r.action = self._conditions(run, failed_tests)[1]
+            r.suspects.extend(sorted({x.component for x in failed_tests}))
         else:
             r.severity, r.action = Severity.OK, Action.NONE
             if r.outcome == Outcome.PASS:
                 r.message = "no fault found: restart the job"
+        if restored := [x for x in r.results if x.test == gpustate.TEST and x.status == Status.PASS]:
+            r.message += ("; " if r.message else "") + "GPU settings the run changed were restored on " + ", ".join(
+                x.component for x in restored)
+        if changed := [x for x in fails if x.test == gpustate.TEST]:
+            r.message += ("; " if r.message else "") + ("GPU settings left changed (GPU_STATE_CHANGED, reset the GPU) "
+                                                         "on " + ", ".join(x.component for x in changed))
         self._save(r)
         self.outcomes[r.outcome.name] = self.outcomes.get(r.outcome.name, 0) + 1
         if findings:
@@ -331,7 +354,8 @@ class DiagnosticsManager:
         findings: list[Finding] = []
         worst = (Severity.OK, Action.NONE)
         for x in fails:
-            code = table.TESTS[x.test].failed_code if x.test in table.TESTS else f"DIAG_{x.test.upper()}_FAILED"
+            code = (gpustate.CODE if x.test == gpustate.TEST else table.TESTS[x.test].failed_code
+                    if x.test in table.TESTS else f"DIAG_{x.test.upper()}_FAILED")
             sev = Severity[x.details["severity"]] if x.details.get("severity") in Severity.__members__ else None
             act = Action[x.details["action"]] if x.details.get("action") in Action.__members__ else None
             meaning = self.view.meaning(code, sev, act)
@@ -339,7 +363,7 @@ class DiagnosticsManager:
             findings.append(Finding(component=x.component, code=code, message=x.message, severity=sev, action=act,
                                     evidence={"report": run.id, "test": x.test, **x.details}))
         passed = {x.test for x in run.report.results if x.status == Status.PASS} - {x.test for x in fails}
-        cleared = {table.TESTS[t].failed_code for t in passed}
+        cleared = {table.TESTS[t].failed_code for t in passed if t in table.TESTS}
         for c in self.view.conditions():
             if c.source == SOURCE and c.code in cleared:
                 findings.append(Finding(component=c.component, code=c.code, kind=FindingKind.RESOLVED,
@@ -357,7 +381,8 @@ class DiagnosticsManager:
 
 
 def codes() -> Mapping[str, CodeRule]:
-    return table.codes()
+    """What the diagnostics raise: each test's DIAG_<TEST>_* and GPU_STATE_CHANGED (gpustate.py)."""
+    return {**table.codes(), **gpustate.codes()}
 
 
 def _alive(pid: int) -> bool:

@@ -24,12 +24,19 @@
  * NVLink fabric (nvmlDeviceGetGpuFabricInfoV, v2 and v3 structs; the unversioned legacy call too): each
  * GPU's fabric_state / fabric_status / fabric_clique / fabric_cluster_uuid / fabric_health_mask from the
  * file; fabric_state -1 makes the call answer NOT_SUPPORTED, as pre-Hopper GPUs do.
+ *
+ * Settings (application clocks, power limit, persistence, compute, ECC and MIG modes): getters read the file;
+ * the setters robustd restores with (SetApplicationsClocks, ResetApplicationsClocks, SetPowerManagementLimit,
+ * SetPersistenceMode, SetComputeMode) write their key back into it, so another process (a test's fake dcgmi,
+ * the daemon) sees the change. A GPU's set_error makes every setter fail with it. Locked clocks have no getter
+ * in NVML, so none here either.
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
 
 #include <poll.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +84,10 @@ struct emu_gpu {
     int fabric_state; /* NVML_GPU_FABRIC_STATE_*, or -1: the fabric call is NOT_SUPPORTED */
     unsigned int fabric_status, fabric_clique, fabric_health_mask;
     unsigned char fabric_cluster_uuid[NVML_GPU_FABRIC_UUID_LEN];
+    /* Settings a stop-time test may change (-1: the getter answers NOT_SUPPORTED); setters write them back. */
+    long long app_clock_graphics, app_clock_mem, app_clock_default_graphics, app_clock_default_mem;
+    long long power_limit_mw, persistence_mode, compute_mode, ecc_mode, ecc_pending, mig_mode, mig_pending;
+    unsigned int set_error; /* non-zero: every setter answers this nvmlReturn_t (e.g. 4 NO_PERMISSION) */
     unsigned int nevents;
     struct emu_event {
         unsigned long long seq, type, data;
@@ -217,6 +228,18 @@ static void set_gpu_key(struct emu_gpu *g, const char *k, const char *v) {
     else if (strcmp(k, "fabric_clique") == 0) g->fabric_clique = (unsigned int)num(v);
     else if (strcmp(k, "fabric_health_mask") == 0) g->fabric_health_mask = (unsigned int)num(v);
     else if (strcmp(k, "fabric_cluster_uuid") == 0) parse_uuid(g->fabric_cluster_uuid, v);
+    else if (strcmp(k, "app_clock_graphics") == 0) g->app_clock_graphics = strtoll(v, NULL, 0);
+    else if (strcmp(k, "app_clock_mem") == 0) g->app_clock_mem = strtoll(v, NULL, 0);
+    else if (strcmp(k, "app_clock_default_graphics") == 0) g->app_clock_default_graphics = strtoll(v, NULL, 0);
+    else if (strcmp(k, "app_clock_default_mem") == 0) g->app_clock_default_mem = strtoll(v, NULL, 0);
+    else if (strcmp(k, "power_limit_mw") == 0) g->power_limit_mw = strtoll(v, NULL, 0);
+    else if (strcmp(k, "persistence_mode") == 0) g->persistence_mode = strtoll(v, NULL, 0);
+    else if (strcmp(k, "compute_mode") == 0) g->compute_mode = strtoll(v, NULL, 0);
+    else if (strcmp(k, "ecc_mode") == 0) g->ecc_mode = strtoll(v, NULL, 0);
+    else if (strcmp(k, "ecc_pending") == 0) g->ecc_pending = strtoll(v, NULL, 0);
+    else if (strcmp(k, "mig_mode") == 0) g->mig_mode = strtoll(v, NULL, 0);
+    else if (strcmp(k, "mig_pending") == 0) g->mig_pending = strtoll(v, NULL, 0);
+    else if (strcmp(k, "set_error") == 0) g->set_error = (unsigned int)num(v);
     else parse_list(g, k, v); /* nvlink_down, nvlink_errors, processes, faults; unknown keys ignored */
 }
 
@@ -240,6 +263,9 @@ static int read_state(const char *path, struct emu_state *out) {
             g = &out->gpus[out->ngpus++];
             g->event_types = EMU_EVENT_TYPES_ALL;
             g->fabric_state = NVML_GPU_FABRIC_STATE_COMPLETED;
+            g->app_clock_graphics = g->app_clock_mem = g->app_clock_default_graphics = g->app_clock_default_mem = -1;
+            g->power_limit_mw = g->persistence_mode = g->compute_mode = -1;
+            g->ecc_mode = g->ecc_pending = g->mig_mode = g->mig_pending = -1;
             continue;
         }
         char *eq = strchr(s, '=');
@@ -679,6 +705,191 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t
     info->cliqueId = g->fabric_clique;
     info->state = (nvmlGpuFabricState_t)g->fabric_state;
     return leave(NVML_SUCCESS);
+}
+
+/* ---- settings: application clocks, power limit, persistence, compute, ECC and MIG modes ---- */
+
+/* With the lock held: write `key = value` into GPU `slot`'s section of the state file (a temp file renamed
+ * over it), so every process sees what a setter changed, as every process sees a real GPU's settings. The
+ * next call re-reads the file (its identity changed) and finds the same value. */
+static nvmlReturn_t persist_locked(unsigned int slot, const char *key, long long value) {
+    const char *path = getenv("ROBUSTD_NVML_EMULATOR_STATE");
+    if (!path) return NVML_ERROR_UNKNOWN;
+    FILE *in = fopen(path, "r");
+    if (!in) return NVML_ERROR_UNKNOWN;
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.emu-XXXXXX", path) >= (int)sizeof tmp) {
+        fclose(in);
+        return NVML_ERROR_UNKNOWN;
+    }
+    int fd = mkstemp(tmp);
+    FILE *out = fd < 0 ? NULL : fdopen(fd, "w");
+    if (!out) {
+        if (fd >= 0) close(fd);
+        fclose(in);
+        return NVML_ERROR_UNKNOWN;
+    }
+    char line[2048], replacement[256];
+    snprintf(replacement, sizeof replacement, "%s = %lld\n", key, value);
+    int section = -1, done = 0;
+    size_t klen = strlen(key);
+    while (fgets(line, sizeof line, in)) {
+        char *s = line;
+        while (*s == ' ' || *s == '\t') s++;
+        unsigned int idx;
+        if (sscanf(s, "[gpu %u]", &idx) == 1) {
+            if (section == (int)slot && !done) { fputs(replacement, out); done = 1; }
+            section = (int)idx;
+        } else if (section == (int)slot && !done && strncmp(s, key, klen) == 0 &&
+                   (s[klen] == ' ' || s[klen] == '\t' || s[klen] == '=')) {
+            fputs(replacement, out);
+            done = 1;
+            continue;
+        }
+        fputs(line, out);
+    }
+    if (section == (int)slot && !done) fputs(replacement, out);
+    fclose(in);
+    int bad = fflush(out) != 0 || fsync(fileno(out)) != 0;
+    bad |= fclose(out) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return NVML_ERROR_UNKNOWN;
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t get_setting(nvmlDevice_t device, size_t offset, unsigned int *out) {
+    ENTER(device, g);
+    if (!out) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    long long v = *(long long *)((char *)g + offset);
+    if (v < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *out = (unsigned int)v;
+    return leave(NVML_SUCCESS);
+}
+
+/* Set one or two settings of a GPU: its set_error first (a daemon without root is NO_PERMISSION), then
+ * NOT_SUPPORTED where the getter has nothing, then the value in memory and in the file. */
+static nvmlReturn_t set_settings(nvmlDevice_t device, const char *key1, size_t off1, long long v1,
+                                 const char *key2, size_t off2, long long v2) {
+    ENTER(device, g);
+    if (g->set_error) return leave((nvmlReturn_t)g->set_error);
+    if (*(long long *)((char *)g + off1) < 0 || (key2 && *(long long *)((char *)g + off2) < 0))
+        return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int slot = device->slot;
+    nvmlReturn_t r = persist_locked(slot, key1, v1);
+    if (r == NVML_SUCCESS && key2) r = persist_locked(slot, key2, v2);
+    if (r == NVML_SUCCESS) {
+        *(long long *)((char *)g + off1) = v1;
+        if (key2) *(long long *)((char *)g + off2) = v2;
+    }
+    return leave(r);
+}
+
+#define SETTING(field) offsetof(struct emu_gpu, field)
+
+static size_t app_clock_offset(nvmlClockType_t type, int dflt) {
+    if (type == NVML_CLOCK_GRAPHICS || type == NVML_CLOCK_SM)
+        return dflt ? SETTING(app_clock_default_graphics) : SETTING(app_clock_graphics);
+    if (type == NVML_CLOCK_MEM) return dflt ? SETTING(app_clock_default_mem) : SETTING(app_clock_mem);
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, nvmlClockType_t clockType, unsigned int *clockMHz) {
+    size_t off = app_clock_offset(clockType, 0);
+    return off ? get_setting(device, off, clockMHz) : NVML_ERROR_NOT_SUPPORTED;
+}
+
+nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, nvmlClockType_t clockType,
+                                                   unsigned int *clockMHz) {
+    size_t off = app_clock_offset(clockType, 1);
+    return off ? get_setting(device, off, clockMHz) : NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* Only the application clock targets: the emulator has no live clocks, nor a customer boost maximum. */
+nvmlReturn_t nvmlDeviceGetClock(nvmlDevice_t device, nvmlClockType_t clockType, nvmlClockId_t clockId,
+                                unsigned int *clockMHz) {
+    if (clockId == NVML_CLOCK_ID_APP_CLOCK_TARGET) return nvmlDeviceGetApplicationsClock(device, clockType, clockMHz);
+    if (clockId == NVML_CLOCK_ID_APP_CLOCK_DEFAULT)
+        return nvmlDeviceGetDefaultApplicationsClock(device, clockType, clockMHz);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+nvmlReturn_t nvmlDeviceSetApplicationsClocks(nvmlDevice_t device, unsigned int memClockMHz,
+                                             unsigned int graphicsClockMHz) {
+    return set_settings(device, "app_clock_mem", SETTING(app_clock_mem), memClockMHz,
+                        "app_clock_graphics", SETTING(app_clock_graphics), graphicsClockMHz);
+}
+
+nvmlReturn_t nvmlDeviceResetApplicationsClocks(nvmlDevice_t device) {
+    long long mem = -1, graphics = -1;
+    {
+        ENTER(device, g);
+        mem = g->app_clock_default_mem;
+        graphics = g->app_clock_default_graphics;
+        leave(NVML_SUCCESS);
+    }
+    if (mem < 0 || graphics < 0) return NVML_ERROR_NOT_SUPPORTED;
+    return nvmlDeviceSetApplicationsClocks(device, (unsigned int)mem, (unsigned int)graphics);
+}
+
+/* The emulator has one power limit: the enforced limit is the management limit. */
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit) {
+    return get_setting(device, SETTING(power_limit_mw), limit);
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit) {
+    return get_setting(device, SETTING(power_limit_mw), limit);
+}
+
+nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t device, unsigned int limit) {
+    return set_settings(device, "power_limit_mw", SETTING(power_limit_mw), limit, NULL, 0, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
+    unsigned int v = 0;
+    nvmlReturn_t r = get_setting(device, SETTING(persistence_mode), &v);
+    if (r == NVML_SUCCESS && mode) *mode = (nvmlEnableState_t)v;
+    return mode ? r : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t mode) {
+    if (mode != NVML_FEATURE_DISABLED && mode != NVML_FEATURE_ENABLED) return NVML_ERROR_INVALID_ARGUMENT;
+    return set_settings(device, "persistence_mode", SETTING(persistence_mode), mode, NULL, 0, 0);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    unsigned int v = 0;
+    nvmlReturn_t r = get_setting(device, SETTING(compute_mode), &v);
+    if (r == NVML_SUCCESS && mode) *mode = (nvmlComputeMode_t)v;
+    return mode ? r : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, nvmlComputeMode_t mode) {
+    if ((unsigned int)mode >= NVML_COMPUTEMODE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    return set_settings(device, "compute_mode", SETTING(compute_mode), mode, NULL, 0, 0);
+}
+
+/* ECC and MIG modes: read only here (a change takes effect at the next GPU reset). */
+static nvmlReturn_t get_pair(nvmlDevice_t device, size_t off_current, size_t off_pending, unsigned int *current,
+                             unsigned int *pending) {
+    if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlReturn_t r = get_setting(device, off_current, current);
+    return r == NVML_SUCCESS ? get_setting(device, off_pending, pending) : r;
+}
+
+nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending) {
+    unsigned int c = 0, p = 0;
+    nvmlReturn_t r = get_pair(device, SETTING(ecc_mode), SETTING(ecc_pending), &c, &p);
+    if (r == NVML_SUCCESS && current && pending) {
+        *current = (nvmlEnableState_t)c;
+        *pending = (nvmlEnableState_t)p;
+    }
+    return current && pending ? r : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
+    return get_pair(device, SETTING(mig_mode), SETTING(mig_pending), currentMode, pendingMode);
 }
 
 /* ---- field values ----------------------------------------------------------------------- */

@@ -50,6 +50,9 @@ degraded` changes what nvmlDeviceGetGpuFabricInfoV answers; `clear` puts it back
 
 Load, clocks and power are plain values (`sim set gpu N utilization_gpu 95`, `sm_clock_mhz 1400`,
 `power_mw 420000`, `clocks_event_reasons 0x4`); `under_load` puts a GPU where a training step keeps it.
+Settings (app_clock_*, power_limit_mw, persistence_mode, compute_mode, ecc_mode/ecc_pending, mig_mode/
+mig_pending; -1 makes the getter NOT_SUPPORTED): the emulator's setters write them back into this file,
+and anything else (a test's fake dcgmi) may change them with `set_value`; `set_error` makes the setters fail.
 """
 
 from __future__ import annotations
@@ -150,6 +153,19 @@ class GpuState:
     fabric_clique: int = 1
     fabric_cluster_uuid: str = "5ef1a7c0-0b3e-4f6d-9a21-7c0de0000001"
     fabric_health_mask: int = FABRIC_HEALTHY_MASK
+    # Settings a stop-time test may change (-1: NOT_SUPPORTED); H100 SXM defaults
+    app_clock_graphics: int = 1980  # MHz, nvmlDeviceGetApplicationsClock / SetApplicationsClocks
+    app_clock_mem: int = 2619
+    app_clock_default_graphics: int = 1980  # what ResetApplicationsClocks goes back to
+    app_clock_default_mem: int = 2619
+    power_limit_mw: int = 700_000  # nvmlDeviceGetPowerManagementLimit (= the enforced limit here)
+    persistence_mode: int = 1  # nvmlEnableState_t
+    compute_mode: int = 0  # nvmlComputeMode_t: 0 DEFAULT, 2 PROHIBITED, 3 EXCLUSIVE_PROCESS
+    ecc_mode: int = 1  # nvmlDeviceGetEccMode current; changes only at a GPU reset
+    ecc_pending: int = 1  # ... and pending
+    mig_mode: int = 0  # nvmlDeviceGetMigMode current
+    mig_pending: int = 0
+    set_error: int = 0  # non-zero nvmlReturn_t: every setter fails with it (4 NO_PERMISSION: not root)
 
     @property
     def fault_list(self) -> list[str]:
