@@ -121,6 +121,11 @@ class CtldConfig(BaseModel):
             raise ValueError(f"must be at most {CTLD_MAX_TIMEOUT:g}s")
         return value
 
+    @property
+    def tls(self) -> tuple[str | None, str | None, str | None]:
+        """(CA, client certificate, client key), as robustd.cli.client.Client and fleet diagnose take them."""
+        return (self.tls_ca, self.tls_cert, self.tls_key)
+
     @model_validator(mode="after")
     def _tls_together(self) -> CtldConfig:
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -86,27 +86,14 @@ def tls_problem(cfg: SlurmConfig) -> str:
 
 
 def reachable(cfg: SlurmConfig, targets: Sequence[Target]) -> dict[str, str]:
-    """The nodes whose robustd does not answer GetVerdict within PROBE_TIMEOUT (node → why), asked all at once."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The nodes whose robustd does not answer GetVerdict within PROBE_TIMEOUT (node → why), asked all at once
+    (robustd.cli.remote.fan_out, as `robustctl fleet status` asks its hosts)."""
     from robustd.api.v1 import robustd_pb2 as pb
-    from robustd.cli.client import Client, CliError
+    from robustd.cli.remote import fan_out
 
-    c = cfg.ctld
-
-    def ask(target: str) -> str:
-        try:
-            Client(None, target, PROBE_TIMEOUT, tls=(c.tls_ca, c.tls_cert, c.tls_key)).call("GetVerdict",
-                                                                                           pb.GetVerdictRequest())
-        except CliError as e:
-            return str(e)
-        return ""
-
-    if not targets:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-        answers = list(pool.map(ask, [t for _, t in targets]))
-    return {n: why for (n, _), why in zip(targets, answers, strict=True) if why}
+    outcomes = fan_out([t for _, t in targets], lambda c: c.call("GetVerdict", pb.GetVerdictRequest()),
+                       PROBE_TIMEOUT, cfg.ctld.tls)
+    return {n: o.error for (n, _), o in zip(targets, outcomes, strict=True) if o.error}
 
 
 Probe = Callable[[SlurmConfig, Sequence[Target]], dict[str, str]]
@@ -187,9 +174,8 @@ def prolog_ctld(cfg: SlurmConfig, env: Mapping[str, str], slurm: Slurm, diagnose
     if level is None:
         log.info("job %s: slurm.ctld.preflight is off", job_id)
         return EXIT_OK
-    nodelist = env.get("SLURM_JOB_NODELIST", "").strip()
     try:
-        nodes = list(dict.fromkeys(slurm.hostnames(nodelist))) if nodelist else []
+        nodes = list(job_end(env, slurm.hostnames).nodes)  # the job's nodes as epilog-ctld reads them
     except SlurmError as e:
         log.error("job %s: cannot expand SLURM_JOB_NODELIST: %s; letting it start", job_id, e)
         return EXIT_OK
@@ -254,7 +240,7 @@ def _diagnose(cfg: SlurmConfig, job: str, targets: Sequence[Target], diagnose: D
     c = cfg.ctld
     try:
         d = diagnose(fleet, level=level, port=c.rendezvous_port, timeout=timeout, slow_fraction=c.slow_fraction,
-                     tls=(c.tls_ca, c.tls_cert, c.tls_key), run_id=run_id)
+                     tls=c.tls, run_id=run_id)
     except Exception as e:  # noqa: BLE001 - fail open: robustd's own error releases every hold
         log.error("job %s: the diagnosis could not run: %s: %s", job, type(e).__name__, e)
         return None, [], f"{type(e).__name__}: {e}"

@@ -90,7 +90,7 @@ def _judge(cfg: SlurmConfig, job: JobEnd, logs: Sequence[LogText], status: tuple
         if (left := deadline - clock()) < 1:
             break
         try:
-            got = Client(None, target, min(RPC_TIMEOUT, left), tls=tls_of(cfg)).call("Triage", req,
+            got = Client(None, target, min(RPC_TIMEOUT, left), tls=cfg.ctld.tls).call("Triage", req,
                                                                                      service="Diagnostics")
         except CliError as e:
             log.info("job %s: triage by %s failed: %s", job.job, node, e)
@@ -125,7 +125,7 @@ def epilogs_verdict(cfg: SlurmConfig, job: JobEnd, targets: Sequence[Target], un
     found: list[TriageSummary] = []
     while pending:
         for node, target in list(pending.items()):
-            client = Client(None, target, min(RPC_TIMEOUT, max(0.5, until - clock())), tls=tls_of(cfg))
+            client = Client(None, target, min(RPC_TIMEOUT, max(0.5, until - clock())), tls=cfg.ctld.tls)
             try:
                 got = client.call("GetTriage", pb.GetTriageRequest(job_id=job.job), service="Diagnostics")
             except CliError as e:
@@ -148,8 +148,3 @@ def epilogs_verdict(cfg: SlurmConfig, job: JobEnd, targets: Sequence[Target], un
     log.warning("job %s: triage from %s: %s, infra %s, next %s (%d node(s) had one)", job.job, best.source,
                 best.klass, best.infra, best.next, len(found))
     return best
-
-
-def tls_of(cfg: SlurmConfig) -> tuple[str | None, str | None, str | None]:
-    c = cfg.ctld
-    return (c.tls_ca, c.tls_cert, c.tls_key)
