@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from conftest import REPO, Daemon, eventually
+from netns_fabric import TEST_SLOW_FRACTION
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
@@ -259,11 +260,8 @@ def test_outcome_and_exit_code() -> None:
 # ---- real daemons -----------------------------------------------------------------------------------
 
 CORRUPT = '{"all_gather": {"corrupt_node": true}}'
-# Healthy pairs of daemons on this 2-core machine measure up to 2.05 times apart even alone and timed by
-# their median iteration (0.18 against 0.37 GB/s, the same pair twice): the CPU, not a link, sets their
-# speed. The default 0.5 is for a fabric, whose healthy pairs measure within a few percent; 0.25 keeps
-# twice this machine's spread as margin.
-SLOW_FRACTION = "0.25"
+# Healthy pairs of daemons on this 2-core machine: netns_fabric.TEST_SLOW_FRACTION says what was measured.
+SLOW_FRACTION = str(TEST_SLOW_FRACTION)
 
 
 def ctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
