@@ -163,7 +163,9 @@ def test_a_huge_kernel_message_is_stored_and_sent_bounded(make_daemon: Any) -> N
     bdf = f"{domain()}:3b:00"
     detail = "Graphics Exception: ESR " + " ".join(f"0x{i:06x}=0x{i * 7:08x}" for i in range(45))  # ~950 bytes
     inject_kmsg(xid_line(bdf, 13, detail))
-    v = d.wait_for(lambda v: any(c.component == f"gpu/{bdf}.0" for c in v.conditions))
+    # The verdict shows a condition as soon as it is decided, its seq once its event is on disk (0 until then):
+    # the log is read after that, as a scheduler that follows GetVerdict's seqs would.
+    v = d.wait_for(lambda v: any(c.component == f"gpu/{bdf}.0" and c.seq > 0 for c in v.conditions))
     [c] = [c for c in v.conditions if c.component == f"gpu/{bdf}.0"]
     assert len(c.message.encode()) <= bounds.MAX_MESSAGE and "[truncated" in c.message and c.message.endswith("bytes]")
     assert c.message.startswith(f"Xid 13 on GPU {bdf}.0: Graphics Exception: ESR 0x000000")  # the start is kept
