@@ -8,7 +8,8 @@ Watch thread, resuming after the seq saved in its state file, so after a restart
 nothing is missed and nothing is posted twice. Each turn the reconciler (reconciler.py) brings the
 Node toward the table: conditions, Events, quarantine. While robustd cannot be reached nothing is
 decided; after three heartbeats without it robustd's conditions become Unknown. Exit status: 0 after
-SIGTERM/SIGINT, 1 for a bad config or an unusable kubeconfig.
+SIGTERM/SIGINT, 78 (EX_CONFIG) for a bad config (with or without --check-config: the unit does not restart
+on it), 1 for an unusable kubeconfig (a service account token may yet be mounted: worth a restart).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 from robustd import __version__
 from robustd.adapters.common import client
+from robustd.adapters.common.config import EXIT_CONFIG
 from robustd.adapters.common.model import CLEARED, Table
 from robustd.adapters.common.watch import WatchAgent, WatchStream, agent_parser, start
 from robustd.adapters.k8s import families
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = start("robustd-k8s", args.config, SCHEMA)
     if settings is None:
-        return 1
+        return EXIT_CONFIG
     cfg: K8sConfig = settings.section("k8s")
     if args.check_config:
         print(f"{settings.source}: config OK (Node {node_name(cfg)}, state {state_path(settings)})")
