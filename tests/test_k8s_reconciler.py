@@ -8,11 +8,14 @@ and the requests on the wire.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
 import pytest
 from fakes.kube_apiserver import SMP, KubeAPIServer
+from kubernetes import client
 
 from robustd.adapters.common.model import CLEARED, RAISED, Cond, Table
 from robustd.adapters.common.watch import load_settings
@@ -22,6 +25,7 @@ from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import TAINT_KEY, Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
+from robustd.api.v1 import robustd_pb2 as pb
 from robustd.model import Action, Severity
 
 NODE = "gpu-1"
@@ -253,3 +257,70 @@ def test_unknown_node_is_an_error_retried_slowly(server: KubeAPIServer, tmp_path
     assert r.step(table(XID)) == 30.0
     assert 'nodes "no-such-node" not found' in caplog.text and "not a hardware verdict" in caplog.text
     assert [q.status for q in server.log] == [404]
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def pb_cond(c: Cond) -> pb.Condition:
+    return pb.Condition(component=c.component, code=c.code, severity=int(c.severity), action=int(c.action), seq=c.seq)
+
+
+def listed_events(server: KubeAPIServer, tmp: Path) -> list[tuple[str, str, str]]:
+    """The Events as `kubectl get events` shows them: read with the official client."""
+    core = client.CoreV1Api(api_client(str(server.kubeconfig(tmp / "reader.kc"))))
+    items = core.list_namespaced_event("default").items
+    return sorted((e.type, e.reason, e.message) for e in items if e.involved_object.name == NODE)
+
+
+def test_events_for_a_fault_standing_at_start_a_severity_change_and_a_pruned_span(server: KubeAPIServer,
+                                                                                 tmp_path: Path) -> None:
+    """A first start posts the faults already standing; an UPDATED that changes severity (a mere repeat does not)
+    is posted; after an OUT_OF_RANGE the new snapshot's differences are posted, with an EventsSkipped saying so."""
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}/state\nlisten: {{unix: {tmp_path}/none.sock}}\nk8s: {{node_name: {NODE}}}\n")
+    clock = Clock()
+    kube = Kube(api_client(str(server.kubeconfig(tmp_path / "kc"))), 2.0)
+    agent = Agent(load_settings(str(cfg), SCHEMA), kube, clock=clock)
+    warn = Cond(XID.component, "XID_79", Severity.WARNING, Action.REBOOT, 5)
+    agent._sync(pb.Verdict(seq=5, conditions=[pb_cond(warn)]))  # the first start: the fault stands already
+    agent.reconciler.step(agent.table)
+    raised = ("Warning", "XID_79", f"XID_79 raised on {XID.component}: WARNING, action REBOOT")
+    assert listed_events(server, tmp_path) == [raised]
+
+    repeat = pb.Event(seq=6, kind=pb.EVENT_KIND_UPDATED, condition=pb_cond(replace(warn, seq=6)))
+    worse = pb.Event(seq=7, kind=pb.EVENT_KIND_UPDATED,
+                     condition=pb_cond(replace(warn, severity=Severity.CRITICAL, seq=7)))
+    for ev in (repeat, worse):
+        agent._handle("event", ev, None)
+    agent.reconciler.step(agent.table)
+    updated = ("Warning", "XID_79", f"XID_79 updated on {XID.component}: WARNING -> CRITICAL, action REBOOT")
+    assert listed_events(server, tmp_path) == [raised, updated]
+
+    stream = object()
+    agent.stream = stream  # type: ignore[assignment]
+    agent._handle("error", _RpcError(grpc.StatusCode.OUT_OF_RANGE, "events after seq 7 up to 12 are past retention; "
+                                     "re-snapshot with from_seq=0"), stream)
+    assert agent.table is None
+    agent._sync(pb.Verdict(seq=20, conditions=[pb_cond(replace(LINK, seq=15))]))  # XID cleared, LINK raised
+    agent.reconciler.step(agent.table)
+    skipped = ("Normal", "EventsSkipped", "robustd-k8s could not read robustd's events after seq 7 (events after "
+               "seq 7 up to 12 are past retention); 2 Events for what changed up to seq 20 come from a new snapshot: "
+               "a fault raised and cleared in between has none")
+    assert listed_events(server, tmp_path) == sorted([
+        raised, updated, skipped, ("Normal", "XID_79", f"XID_79 cleared on {XID.component}"),
+        ("Warning", "NIC_LINK_DOWN", "NIC_LINK_DOWN raised on nic/eth0: WARNING, action NONE")])
+    assert agent.state.events_seq == 20 and not agent.state.pending
+
+    again = Agent(load_settings(str(cfg), SCHEMA), kube, clock=clock)  # a restart that lost its state file
+    again._sync(pb.Verdict(seq=20, conditions=[pb_cond(replace(LINK, seq=15))]))
+    again.reconciler.step(again.table)
+    assert len(listed_events(server, tmp_path)) == 5  # the standing fault's Event is the one posted already

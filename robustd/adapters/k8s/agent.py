@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import grpc
+
 from robustd import __version__
 from robustd.adapters.common import client
 from robustd.adapters.common.config import EXIT_CONFIG
@@ -68,6 +70,7 @@ class Agent(WatchAgent):
         self.saved_seq = -1
         self.last_save = 0.0
         self._last_error = ""
+        self.gap: tuple[Table, str] | None = None  # the table an OUT_OF_RANGE dropped, and why
         from robustd.sdnotify import Notifier
 
         self.notifier = Notifier()
@@ -117,15 +120,19 @@ class Agent(WatchAgent):
             prev = table.conditions.get(cond.key)
             seq = int(item.seq)
             if table.apply(int(item.kind), cond, seq) and seq > self.state.events_seq:
-                spec = families.event_for(int(item.kind), prev if int(item.kind) == CLEARED and prev else cond, seq)
+                kind_ = int(item.kind)
+                spec = families.event_for(kind_, prev if kind_ == CLEARED and prev else cond, seq, prev)
                 if spec is not None:
                     self.reconciler.queue(spec)
             return
         if source is not self.stream:
             return
         self.unreachable_since = self.clock()
+        before = self.table
         self._stream_lost(kind, item, f"node {self.node}: robustd unreachable",
-                          " (Events for the changes in between are not posted; the conditions are right)")
+                          " (the new snapshot's Events stand for the changes in between)")
+        if self.table is None and before is not None:  # OUT_OF_RANGE: the next snapshot is told against it
+            self.gap = (before, str(item.details() or "").split(";")[0] if isinstance(item, grpc.RpcError) else "")
 
     def _connect(self) -> None:
         if self._open_watch(f"its conditions become Unknown after {UNKNOWN_AFTER} heartbeats") is None:
@@ -134,9 +141,23 @@ class Agent(WatchAgent):
         self.notifier.status(f"node {self.node}: watching robustd")
 
     def _sync(self, v: pb.Verdict) -> bool:
-        """As every adapter does; a new snapshot also marks its conditions as already posted as Events."""
+        """As every adapter does; a new snapshot also queues the Events the Watch events it stands for would
+        have had: against the table before it (after an OUT_OF_RANGE or a reset of robustd's log, with an
+        EventsSkipped Event saying so), or every standing condition at a first start."""
+        before, why = self.gap or (self.table, "")
+        if self.table is not None and v.seq < self.table.seq:
+            why = f"robustd's event log was reset: its newest seq {v.seq} is below {self.table.seq}"
         if not super()._sync(v):
             return False
+        self.gap = None
+        assert self.table is not None
+        specs = families.snapshot_events(before.conditions.values() if before else None,
+                                         self.table.conditions.values(), int(v.seq))
+        if before is not None:
+            specs.append(families.skipped_event(before.seq, int(v.seq), why or "robustd no longer has them",
+                                                len(specs)))
+        for spec in specs:
+            self.reconciler.queue(spec)
         self.state.events_seq = max(self.state.events_seq, int(v.seq))
         return True
 

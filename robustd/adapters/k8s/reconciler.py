@@ -204,7 +204,7 @@ class Reconciler:
             except NotFound:
                 pass  # the server let it expire (its event TTL): a new one
         name = f"{self.node}.robustd.{spec.seq:x}.{int(now * 1000):x}" if spec.seq == 0 else \
-            f"{self.node}.robustd.{spec.seq:x}"
+            f"{self.node}.robustd.{spec.seq:x}" + (f".{spec.tag}" if spec.tag else "")
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"name": name, "namespace": ns},
                  "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
