@@ -7,6 +7,7 @@ and the requests on the wire.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -324,3 +325,34 @@ def test_events_for_a_fault_standing_at_start_a_severity_change_and_a_pruned_spa
     again._sync(pb.Verdict(seq=20, conditions=[pb_cond(replace(LINK, seq=15))]))
     again.reconciler.step(again.table)
     assert len(listed_events(server, tmp_path)) == 5  # the standing fault's Event is the one posted already
+
+
+def test_release_keeps_a_cordon_another_manager_made_after_robustds(server: KubeAPIServer, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """robustd cordons; an operator then uncordons and cordons again (`kubectl uncordon; kubectl cordon`, field
+    manager kubectl-cordon); the fault clears: robustd takes its taint and annotations off, the cordon stays."""
+    caplog.set_level(logging.INFO, "robustd.k8s")
+    clock = Clock()
+    r = reconciler(server, tmp_path, clock, quarantine={"actions": ["REBOOT"], "release_after": "1m",
+                                                        "max_fraction": 1.0})
+    r.step(table(XID))
+    node = client.CoreV1Api(api_client(str(server.kubeconfig(tmp_path / "op.kc")))).read_node(NODE)
+    assert node.spec.unschedulable is True
+    owner = [m.manager for m in node.metadata.managed_fields if "f:unschedulable" in (m.fields_v1 or {}).get(
+        "f:spec", {})]
+    assert owner == ["robustd-k8s"]  # robustd-k8s names itself on every write
+    writes = server.requests("PATCH", f"/nodes/{NODE}") + server.requests("POST", "/events")
+    assert writes and all(q.query.get("fieldManager") == "robustd-k8s" for q in writes)
+
+    kubectl = client.CoreV1Api(api_client(str(server.kubeconfig(tmp_path / "kubectl.kc"))))
+    for value in (None, True):
+        kubectl.patch_node(NODE, {"spec": {"unschedulable": value}}, field_manager="kubectl-cordon",
+                           _content_type=SMP)
+    r.step(table())
+    clock.t += 61
+    r.step(table())
+    node = kubectl.read_node(NODE)
+    assert node.spec.unschedulable is True and not node.spec.taints  # the operator's cordon stays; robustd's taint goes
+    assert not node.metadata.annotations
+    assert "cordon kept: spec.unschedulable is kubectl-cordon's now, not robustd-k8s's" in caplog.text
+    assert r.state.quarantine is None

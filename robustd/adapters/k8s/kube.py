@@ -24,6 +24,9 @@ MAX_RESPONSE = 64 << 20  # a Node can be large (its image list); a page of a nod
 SMP = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 LIST_PAGE = 500
+# Every write names this field manager, so the Node's managedFields tell robustd-k8s's fields from another
+# actor's (a `kubectl cordon` is `kubectl-cordon`): the release uncordons only a cordon still robustd-k8s's.
+FIELD_MANAGER = "robustd-k8s"
 MAX_PAGES = 100  # 50,000 nodes
 
 
@@ -96,6 +99,19 @@ def _classify(e: ApiException, what: str) -> KubeError:
     return Refused(text, status)
 
 
+def field_owners(obj: dict[str, Any], *path: str) -> list[str]:
+    """The field managers whose metadata.managedFields hold the field at `path` (e.g. "spec", "unschedulable"),
+    in the server's order; [] when none does (or the server keeps no managed fields)."""
+    owners = []
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        tree = entry.get("fieldsV1") if isinstance(entry, dict) else None
+        for part in path:
+            tree = tree.get(f"f:{part}") if isinstance(tree, dict) else None
+        if tree is not None and entry.get("manager"):
+            owners.append(str(entry["manager"])[:128])
+    return owners
+
+
 class Kube:
     """The calls robustd-k8s makes; each returns the server's answer as a dict or raises a KubeError."""
 
@@ -133,7 +149,8 @@ class Kube:
 
     def patch_node_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A strategic merge patch of the status subresource (conditions merge by `type`)."""
-        return self._call(f"patch node {name} status", self.core.patch_node_status, name, patch, _content_type=SMP)
+        return self._call(f"patch node {name} status", self.core.patch_node_status, name, patch, _content_type=SMP,
+                          field_manager=FIELD_MANAGER)
 
     def patch_node_if_unchanged(self, name: str, patch: dict[str, Any], resource_version: str) -> dict[str, Any]:
         """A JSON merge patch that carries the resourceVersion read: Conflict if someone wrote the node since.
@@ -142,7 +159,8 @@ class Kube:
         whole list is written) without a PUT of the whole Node: this client checks a PUT body against its
         own model and refuses fields it does not know, which a newer API server may well return."""
         body = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": resource_version}}
-        return self._call(f"update node {name}", self.core.patch_node, name, body, _content_type=MERGE)
+        return self._call(f"update node {name}", self.core.patch_node, name, body, _content_type=MERGE,
+                          field_manager=FIELD_MANAGER)
 
     def list_nodes(self, selector: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -162,8 +180,9 @@ class Kube:
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
         return self._call(f"create event in {namespace}", self.core.create_namespaced_event, namespace, event,
+                          field_manager=FIELD_MANAGER,
                           _headers={"Content-Type": "application/json"})  # this client version sets none for a POST
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self._call(f"patch event {namespace}/{name}", self.core.patch_namespaced_event, name, namespace,
-                          patch, _content_type=SMP)
+                          patch, _content_type=SMP, field_manager=FIELD_MANAGER)

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from robustd.adapters.common.model import Cond, Table
 from robustd.adapters.k8s import families
+from robustd.adapters.k8s import kube as k8s_api
 from robustd.adapters.k8s.config import K8sConfig
 from robustd.adapters.k8s.families import EventSpec, NodeCondition
 from robustd.adapters.k8s.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound, Refused, Transient
@@ -300,6 +301,7 @@ class Reconciler:
     def _release(self) -> None:
         held = self.state.quarantine
         assert held is not None
+        outcome = ["uncordoned"]
 
         def change(node: dict[str, Any]) -> dict[str, Any] | None:
             spec = node.get("spec") or {}
@@ -310,8 +312,21 @@ class Reconciler:
             if kept != taints:
                 patch.setdefault("spec", {})["taints"] = kept or None
             pre = held.pre_existing_cordon or ann.get(PRE_EXISTING) == "true"
-            if ann.get(CORDONED_BY) == OWNER and not pre and spec.get("unschedulable"):
-                patch.setdefault("spec", {})["unschedulable"] = None
+            # The cordon is robustd's to undo only while spec.unschedulable is still robustd-k8s's in the
+            # managed fields: someone who cordoned the node again since (`kubectl cordon` after an uncordon) keeps
+            # it. A server keeping no managed fields leaves the annotations to tell.
+            owners = k8s_api.field_owners(node, "spec", "unschedulable")
+            if pre:
+                outcome[:] = ["cordon kept: someone else cordoned it first"]
+            elif ann.get(CORDONED_BY) == OWNER and spec.get("unschedulable"):
+                if owners and k8s_api.FIELD_MANAGER not in owners:
+                    outcome[:] = [f"cordon kept: spec.unschedulable is {', '.join(owners)}'s now, not "
+                                  f"{k8s_api.FIELD_MANAGER}'s (cordoned again after robustd did)"]
+                else:
+                    patch.setdefault("spec", {})["unschedulable"] = None
+                    outcome[:] = ["uncordoned"]
+            else:
+                outcome[:] = ["it was not cordoned any more"]
             drop = {k: None for k in (CORDONED_BY, PRE_EXISTING) if k in ann}
             if drop:
                 patch["metadata"] = {"annotations": drop}
@@ -319,8 +334,7 @@ class Reconciler:
 
         self._read_modify_put(change)
         log.info("node %s released: robustd's verdict has been OK for %gs (%s)", self.node,
-                 self.cfg.quarantine.release_after, "cordon kept: someone else cordoned it first"
-                 if held.pre_existing_cordon else "uncordoned")
+                 self.cfg.quarantine.release_after, outcome[0])
         self.state.quarantine = None
         self.state.ok_since = None
         self.save()
