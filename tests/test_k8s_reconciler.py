@@ -24,7 +24,7 @@ from robustd.adapters.k8s.agent import Agent
 from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
-from robustd.adapters.k8s.reconciler import TAINT_KEY, Reconciler
+from robustd.adapters.k8s.reconciler import CORDONED_BY, TAINT_KEY, Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.model import Action, Severity
@@ -170,8 +170,16 @@ def test_circuit_breaker_suppresses_quarantine_with_one_event(server: KubeAPISer
     for i in range(9):
         server.add_node(f"gpu-{i + 2}", labels={"gpu": "yes"})
     server.add_node("cpu-1", labels={"gpu": "no"})
-    server.edit_node("gpu-2", lambda n: n["spec"].update(taints=[{"key": TAINT_KEY, "value": "REBOOT",
-                                                                  "effect": "NoSchedule"}]))
+
+    def quarantine(n: dict[str, Any]) -> None:  # as robustd-k8s on gpu-2 holds it: cordon, taint, annotations
+        n["spec"].update(unschedulable=True, taints=[{"key": TAINT_KEY, "value": "REBOOT", "effect": "NoSchedule"}])
+        n["metadata"]["annotations"].update({CORDONED_BY: "robustd", "robustd.io/pre-existing-cordon": "false"})
+
+    def release(n: dict[str, Any]) -> None:
+        del n["spec"]["taints"], n["spec"]["unschedulable"]
+        n["metadata"]["annotations"].clear()
+
+    server.edit_node("gpu-2", quarantine, manager="robustd-k8s")
     clock = Clock()
     r = reconciler(server, tmp_path, clock, quarantine={"actions": ["REBOOT"], "node_selector": "gpu=yes"})
     r.step(table(XID))
@@ -181,9 +189,12 @@ def test_circuit_breaker_suppresses_quarantine_with_one_event(server: KubeAPISer
     assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")
     events = [e for e in server.events() if e["reason"] == "QuarantineSuppressed"]
     assert len(events) == 1 and "1 of 10 nodes" in events[0]["message"], events
-    assert [q.query.get("labelSelector") for q in server.requests("GET", "/api/v1/nodes") if q.verb == "list"] == \
-        ["gpu=yes", "gpu=yes"]
-    server.edit_node("gpu-2", lambda n: n["spec"].pop("taints"))  # that node released: room again
+    lists = [q for q in server.requests("GET", "/api/v1/nodes") if q.verb == "list"]
+    assert [q.query.get("labelSelector") for q in lists] == ["gpu=yes", "gpu=yes"]
+    # Metadata only, as kubectl asks for it (no spec, status or image list of every node).
+    assert all(q.accept.split(",")[0] == "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+               and q.status == 200 for q in lists)
+    server.edit_node("gpu-2", release, manager="robustd-k8s")  # that node released: room again
     clock.t += 61
     r.step(table(XID))
     assert server.node(NODE)["spec"].get("unschedulable") is True

@@ -3,6 +3,7 @@ talks to it (if the stand-in drifted from the real server, the agent's tests wou
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterator
 
@@ -180,3 +181,23 @@ def test_managed_fields_follow_each_managers_writes(server: KubeAPIServer, tmp_p
     with pytest.raises(ApiException) as e:
         api.patch_node(NODE, {"spec": {"unschedulable": False}}, field_manager="x" * 129, _content_type=SMP)
     assert e.value.status == 422
+
+
+def test_a_node_list_in_metadata_only(server: KubeAPIServer, tmp_path: Path) -> None:
+    """The Accept header kubectl sends for metadata: a PartialObjectMetadataList, items with only metadata."""
+    server.add_node("n2", labels={"gpu": "yes"}, annotations={"a": "1"})
+    api = core(server, tmp_path)
+    meta = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+    resp = api.list_node(label_selector="gpu=yes", _preload_content=False,
+                         _headers={"Accept": f"{meta},application/json"})
+    body = json.loads(resp.read())
+    assert (body["kind"], body["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    (item,) = body["items"]
+    assert set(item) == {"kind", "apiVersion", "metadata"} and item["kind"] == "PartialObjectMetadata"
+    assert item["metadata"]["name"] == "n2" and item["metadata"]["annotations"] == {"a": "1"}
+    assert [n.metadata.name for n in api.list_node().items] == [NODE, "n2"]  # the default: whole Nodes
+    assert api.list_node().items[0].status.node_info.kubelet_version == "v1.34.0"
+    with pytest.raises(ApiException) as e:
+        api.list_node(_headers={"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"})
+    assert e.value.status == 406
+    assert server.requests("GET")[0].accept == f"{meta},application/json"

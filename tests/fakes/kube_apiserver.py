@@ -11,6 +11,9 @@ What it keeps, as the real server does:
   carries `metadata.resourceVersion`, must name the current resourceVersion: a stale one is 409 Conflict.
   Every change bumps the resourceVersion. Malformed conditions or taints are 422, as validation makes them.
 - Events: create (409 AlreadyExists for a taken name), patch, list, in namespaces.
+- A node list in metadata only, as kubectl asks for it (`Accept: application/json;as=PartialObjectMetadataList;
+  g=meta.k8s.io;v=v1`, with fallbacks after a comma): kind PartialObjectMetadataList, apiVersion meta.k8s.io/v1,
+  items of kind PartialObjectMetadata holding only `metadata`; 406 for an Accept it cannot serve.
 - 404 for an unknown node or event, 401 for an unknown token, 403 for a token without the verb on the
   resource (RBAC is modelled as a set of (verb, resource) pairs per token), 415 for an unknown patch type,
   413 for a body over 1 MiB. Errors are `Status` objects like the real ones.
@@ -255,6 +258,23 @@ def managed_fields(old: dict[str, Any] | None, new: dict[str, Any], manager: str
     return kept
 
 
+def _accepts(accept: str) -> str:
+    """What a list answers for this Accept header, as the server negotiates it: the first media range it can
+    serve, "metadata" (a PartialObjectMetadataList) or "object" (the whole list); 406 when none."""
+    for media in (accept or "application/json").split(","):
+        kind, *params = [x.strip() for x in media.split(";")]
+        opts = dict(p.split("=", 1) for p in params if "=" in p)
+        if kind not in ("application/json", "application/*", "*/*"):
+            continue
+        if "as" not in opts:
+            return "object"
+        if (opts.get("as"), opts.get("g"), opts.get("v")) == ("PartialObjectMetadataList", "meta.k8s.io", "v1"):
+            return "metadata"
+    raise HTTPError(406, "NotAcceptable", f"only the following media types are accepted: application/json, "
+                                          f"application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1 "
+                                          f"(asked: {accept[:200]})")
+
+
 def _validate_node(node: dict[str, Any]) -> None:
     for c in (node.get("status") or {}).get("conditions") or []:
         if not c.get("type") or c.get("status") not in ("True", "False", "Unknown"):
@@ -465,6 +485,11 @@ class KubeAPIServer:
                 sel = req.query.get("labelSelector", "")
                 items = [copy.deepcopy(n) for n in self.state.nodes.values()
                          if _selector_matches(sel, n["metadata"].get("labels") or {})]
+                if _accepts(req.accept) == "metadata":
+                    return 200, {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                                 "metadata": {"resourceVersion": str(self.state.rv)},
+                                 "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                                            "metadata": n["metadata"]} for n in items]}
                 return 200, {"apiVersion": "v1", "kind": "NodeList",
                              "metadata": {"resourceVersion": str(self.state.rv)}, "items": items}
             if name not in self.state.nodes:

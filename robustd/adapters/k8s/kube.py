@@ -20,10 +20,11 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-MAX_RESPONSE = 64 << 20  # a Node can be large (its image list); a page of a node list larger still
+MAX_RESPONSE = 64 << 20  # a Node can be large (its image list); a page of node metadata is far smaller
 SMP = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 LIST_PAGE = 500
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # a list of metadata only
 # Every write names this field manager, so the Node's managedFields tell robustd-k8s's fields from another
 # actor's (a `kubectl cordon` is `kubectl-cordon`): the release uncordons only a cordon still robustd-k8s's.
 FIELD_MANAGER = "robustd-k8s"
@@ -162,17 +163,21 @@ class Kube:
         return self._call(f"update node {name}", self.core.patch_node, name, body, _content_type=MERGE,
                           field_manager=FIELD_MANAGER)
 
-    def list_nodes(self, selector: str) -> list[dict[str, Any]]:
+    def list_node_metadata(self, selector: str) -> list[dict[str, Any]]:
+        """The metadata of every node matching `selector` (labels, annotations; no spec, no status, no image
+        list), as kubectl asks for it: a PartialObjectMetadataList, paged. A server that answers a whole
+        NodeList instead (the Accept header's fallback) gives the same metadata."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         for _ in range(MAX_PAGES):
-            kwargs: dict[str, Any] = {"limit": LIST_PAGE}
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE, "_headers": {"Accept": f"{METADATA_LIST},application/json"}}
             if selector:
                 kwargs["label_selector"] = selector
             if token:
                 kwargs["_continue"] = token
             page = self._call("list nodes", self.core.list_node, **kwargs)
-            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            items.extend(i["metadata"] for i in page.get("items") or []
+                         if isinstance(i, dict) and isinstance(i.get("metadata"), dict))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items

@@ -51,8 +51,10 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def has_taint(node: dict[str, Any]) -> bool:
-    return any(t.get("key") == TAINT_KEY for t in (node.get("spec") or {}).get("taints") or [])
+def quarantined_by_robustd(meta: dict[str, Any]) -> bool:
+    """Whether a node's metadata says robustd holds its quarantine (the annotation its cordon writes with the
+    taint, and its release removes with it): what the breaker counts from a metadata-only list."""
+    return ((meta.get("annotations") or {}).get(CORDONED_BY)) == OWNER
 
 
 @dataclass(eq=False)
@@ -243,17 +245,17 @@ class Reconciler:
             self._release()
 
     def _breaker_allows(self, q: Cond, now: float) -> bool:
-        nodes = self.kube.list_nodes(self.cfg.quarantine.node_selector)
+        nodes = self.kube.list_node_metadata(self.cfg.quarantine.node_selector)
         total = len(nodes)
-        held = sum(1 for n in nodes if has_taint(n) and (n.get("metadata") or {}).get("name") != self.node)
+        held = sum(1 for m in nodes if quarantined_by_robustd(m) and m.get("name") != self.node)
         allowance = max(1, math.floor(self.cfg.quarantine.max_fraction * total))
         if held < allowance:
             return True
         self.breaker_at = now + BREAKER_RECHECK
         fault = f"{q.code} on {q.component}"
         if self.state.suppressed != fault:
-            text = (f"not quarantining for {fault} (action {q.action.name}): {held} of {total} nodes already carry "
-                    f"{TAINT_KEY} (allowance {allowance}, k8s.quarantine.max_fraction "
+            text = (f"not quarantining for {fault} (action {q.action.name}): {held} of {total} nodes are already "
+                    f"quarantined by robustd ({TAINT_KEY}) (allowance {allowance}, k8s.quarantine.max_fraction "
                     f"{self.cfg.quarantine.max_fraction:g})")
             log.warning("node %s: %s", self.node, text)
             self.queue(EventSpec(0, "Warning", "QuarantineSuppressed", families._clip(text)))
