@@ -238,8 +238,8 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
             if established:
                 output.err(f"robustctl: reconnected; resuming after seq {last}")
             stream = stub.Watch(pb.WatchRequest(from_seq=last))
-            if last == 0:
-                last = head
+            if last == 0 or (head == 0 and last == 1):
+                last = head  # a snapshot's seqs, or an empty log where --from-seq 1 means "every event from here"
             established, backoff = True, 0.1
             for ev in stream:
                 if not ev.snapshot and ev.seq <= last:
