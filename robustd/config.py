@@ -241,7 +241,17 @@ class DiagnosticsConfig(Strict):
             bad = [t for t in names if tests is not None and t not in tests]
             if bad:
                 raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(sorted(tests or ()))})")
-        return levels
+        return {**_default_levels(), **levels}  # the file's levels over the built-in ones, which it need not repeat
+
+
+def levels_note(diagnostics: DiagnosticsConfig) -> str:
+    """One line naming the diagnostic levels in force and where each comes from, for the start and reload logs:
+    a file that sets `diagnostics.levels` adds to the built-in levels (a level of the same name replaces one)."""
+    builtin = _default_levels()
+    own = [n for n, tests in diagnostics.levels.items() if builtin.get(n) != tests]
+    kept = [n for n in diagnostics.levels if n not in own]
+    return (f"diagnostics levels {', '.join(sorted(diagnostics.levels))} (built in: {', '.join(kept) or 'none'}; "
+            f"from the config: {', '.join(own) or 'none'})")
 
 
 def _regex(pattern: str) -> str:
@@ -437,8 +447,8 @@ def _level_names(data: Mapping[str, Any]) -> frozenset[str]:
     them even while diagnostics itself has a problem, which is then reported at its own key)."""
     levels: Any = _default_levels()
     diagnostics = data.get("diagnostics")
-    if isinstance(diagnostics, dict):
-        levels = diagnostics.get("levels", levels)
+    if isinstance(diagnostics, dict) and isinstance(diagnostics.get("levels"), dict):
+        levels = {**levels, **diagnostics["levels"]}  # merged over the built-in ones, as DiagnosticsConfig does
     return frozenset(str(k) for k in levels) if isinstance(levels, dict) else frozenset()
 
 

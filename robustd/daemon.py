@@ -36,7 +36,7 @@ from robustd.boots import BootHistory
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import discover_checks
 from robustd.cli.args import examples
-from robustd.config import ConfigError, Schema, Settings, load_config, parse_config
+from robustd.config import ConfigError, Schema, Settings, levels_note, load_config, parse_config
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.diagnostics.shelf import Shelf
@@ -158,8 +158,8 @@ class Daemon:
         self.engine.listeners.append(self._on_events)
         await self._update_health()
         self.notifier.ready(self._summary())
-        log.info("robustd %s ready on %s (node %s, %d checks)", __version__, cfg.listen.unix, cfg.node_name,
-                 len(self.runner.states))
+        log.info("robustd %s ready on %s (node %s, %d checks; %s)", __version__, cfg.listen.unix, cfg.node_name,
+                 len(self.runner.states), levels_note(cfg.diagnostics))
         self.ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="tick")
 
     async def _stop(self) -> None:
@@ -353,8 +353,9 @@ class Daemon:
             self.notifier.send(f"READY=1\nSTATUS=reload failed part way (see the log); {self._summary()}")
             return
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
-        log.info("config reloaded from %s: %s", self.config_path,
-                 f"applied {', '.join(sorted(set(applied)))}" if applied else "no changes to apply")
+        log.info("config reloaded from %s: %s; %s", self.config_path,
+                 f"applied {', '.join(sorted(set(applied)))}" if applied else "no changes to apply",
+                 levels_note(merged.config.diagnostics))
 
     async def _read_config(self) -> Settings | None:
         """The config file validated, read off the event loop within RELOAD_READ_TIMEOUT; None (logged, the
