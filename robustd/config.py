@@ -278,6 +278,16 @@ class TracerConfig(Strict):
     py_spy: NameOrPath | None = None  # the py-spy binary; default: beside the daemon's interpreter, then $PATH
 
 
+class EvidenceConfig(Strict):
+    """Evidence bundles under state_dir/evidence/ (robustd/evidence.py), bounded in count and bytes."""
+
+    keep: int = Field(default=50, ge=1, le=100_000, strict=True)  # the newest kept
+    max_bundle_bytes: int = Field(default=1 << 20, ge=4096, le=1 << 30, strict=True)  # each; trimmed to fit
+    max_bytes: int = Field(default=64 << 20, ge=4096, le=1 << 40, strict=True)  # the directory; oldest go first
+    # Creates per minute by each caller not allowed disruptive RPCs (the adapters run as root: not counted).
+    max_creates_per_minute: int = Field(default=6, ge=0, le=10_000, strict=True)
+
+
 class RootsConfig(Strict):
     """Every outside path robustd reads, in one section (robustd.roots.Roots is built from it alone)."""
 
@@ -303,6 +313,7 @@ class Config(Strict):
     roots: RootsConfig = Field(default_factory=RootsConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracer: TracerConfig = Field(default_factory=TracerConfig)
+    evidence: EvidenceConfig = Field(default_factory=EvidenceConfig)
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
 
     @model_validator(mode="before")
@@ -314,7 +325,8 @@ class Config(Strict):
         return data
 
 
-_MAPPINGS = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks")
+_MAPPINGS = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "evidence",
+             "checks")
 
 
 @dataclass(frozen=True)

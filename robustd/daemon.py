@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2
 from robustd import __version__, checkset, reload, server
 from robustd.api.diagnostics import DiagnosticsServicer
 from robustd.api.diagnostics_convert import migrate_reports
+from robustd.api.evidence import EvidenceServicer
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
@@ -41,6 +42,7 @@ from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
+from robustd.evidence import EvidenceStore
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
 from robustd.owned import Owned
@@ -252,12 +254,20 @@ class Daemon:
             DiagnosticsServicer(self.diag),
             TracerServicer(cfg.node_name, lambda: self.settings.config.tracer, lambda: self.settings.roots(),
                            lambda: self._gpu_inventory().compute_pids),
-            self.health)
+            self.health,
+            EvidenceServicer(self.engine.view, EvidenceStore(cfg.state_dir, self._evidence_limits), self.diag,
+                             self._gpu_inventory, cfg.node_name, self.boot_id, lambda: self.settings.config.evidence,
+                             self.authz))
         await server.start_listening(grpc_server, self.front, listen)
         st = os.lstat(listen.unix)
         self.socket_id = (st.st_dev, st.st_ino)
         server.warn_unknown_groups(cfg.authz.disruptive.unix_groups)
         return grpc_server
+
+    def _evidence_limits(self) -> tuple[int, int, int]:
+        """(keep, max_bundle_bytes, max_bytes) of the running config: a reload applies them at the next bundle."""
+        e = self.settings.config.evidence
+        return e.keep, e.max_bundle_bytes, e.max_bytes
 
     def _start_metrics(self) -> None:
         from robustd.metrics import DaemonProbe
@@ -300,7 +310,8 @@ class Daemon:
         severity, _ = worst(self.engine.view.conditions())
         serving = health_pb2.HealthCheckResponse.SERVING
         await self.health.set("", serving)
-        await self.health.set(pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name, serving)
+        for name in ("NodeHealth", "Evidence"):
+            await self.health.set(pb.DESCRIPTOR.services_by_name[name].full_name, serving)
         await self.health.set(NODE_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING
                               if severity is Severity.CRITICAL else serving)
 
