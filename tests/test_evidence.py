@@ -129,3 +129,30 @@ def test_the_directory_and_each_bundle_are_bounded_in_bytes(tmp_path: Path) -> N
         store.read("../state/events.db")
     assert not list((tmp_path / "evidence").glob(".*"))  # no temporary file left behind
     assert re.fullmatch(r"ev-\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}", made[0].id)
+
+
+def test_robustctl_evidence_create_list_show_export(node: tuple[Daemon, int], tmp_path: Path) -> None:
+    d, _ = node
+    made = d.robustctl("evidence", "create", "--component", GPU, "--code", "XID_79", "--reason", "before RMA")
+    assert made.returncode == 0 and ID.fullmatch(made.stdout.strip()), made
+    ident = made.stdout.strip()
+    listed = d.robustctl("evidence", "list", "--wide")
+    assert listed.returncode == 0 and listed.stdout.split("\n")[0].split() == ["ID", "CREATED", "COMPONENTS", "REASON"]
+    assert listed.stdout.split("\n")[1].startswith(ident) and "before RMA" in listed.stdout, listed.stdout
+    shown = d.robustctl("evidence", "show", ident)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["reason"] == "before RMA"
+    out = tmp_path / "rma.tar.gz"
+    r = d.robustctl("evidence", "export", ident, str(out))
+    assert r.returncode == 0, r.stderr
+    import tarfile
+
+    with tarfile.open(out) as tar:
+        assert sorted(tar.getnames()) == sorted([f"{ident}/{ident}.json", f"{ident}/README.txt"])
+        assert json.load(tar.extractfile(f"{ident}/{ident}.json"))["id"] == ident  # type: ignore[arg-type]
+        assert b"before RMA" in tar.extractfile(f"{ident}/README.txt").read()  # type: ignore[union-attr]
+    bad = d.robustctl("evidence", "show", "../x")
+    assert bad.returncode == 4 and "INVALID_ARGUMENT" in bad.stderr, bad
+    gone = d.robustctl("evidence", "show", "ev-20000101T000000.000Z-000000")
+    assert gone.returncode == 4 and "NOT_FOUND" in gone.stderr, gone
+    unwritable = d.robustctl("evidence", "export", ident, str(tmp_path / "no" / "such" / "dir.tar.gz"))
+    assert unwritable.returncode == 1 and "Traceback" not in unwritable.stderr, unwritable
