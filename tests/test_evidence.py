@@ -156,3 +156,28 @@ def test_robustctl_evidence_create_list_show_export(node: tuple[Daemon, int], tm
     assert gone.returncode == 4 and "NOT_FOUND" in gone.stderr, gone
     unwritable = d.robustctl("evidence", "export", ident, str(tmp_path / "no" / "such" / "dir.tar.gz"))
     assert unwritable.returncode == 1 and "Traceback" not in unwritable.stderr, unwritable
+
+
+def test_the_adapters_helper_gives_an_id_or_none_within_its_timeout(node: tuple[Daemon, int], tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+    import time
+
+    from robustd.adapters.common.client import evidence
+
+    d, _ = node
+    ident = evidence(d.socket, [GPU], ["XID_79"], "drain: XID_79", timeout=10)
+    assert ident is not None and ID.fullmatch(ident)
+    assert json.loads(pb_grpc.EvidenceStub(d.channel()).Get(pb.GetEvidenceRequest(id=ident), timeout=10).json)[
+        "reason"] == "drain: XID_79"
+    assert evidence(str(tmp_path / "none.sock"), [], [], "drain", timeout=1) is None
+    mute = socket.socket(socket.AF_UNIX)  # accepts connections, never answers: a wedged daemon
+    mute.bind(str(tmp_path / "mute.sock"))
+    mute.listen(8)
+    try:
+        t = time.monotonic()
+        assert evidence(str(tmp_path / "mute.sock"), [GPU], [], "drain", timeout=0.5) is None
+        assert time.monotonic() - t < 3
+    finally:
+        mute.close()
+    assert "no evidence bundle for 'drain'" in caplog.text and "DEADLINE_EXCEEDED" in caplog.text
