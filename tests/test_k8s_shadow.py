@@ -12,19 +12,28 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
 import pytest
+import yaml
 from conftest import REPO
 from fakes.kube_apiserver import KubeAPIServer
 
 from robustd.adapters.common.model import CLEARED, RAISED, Cond, Table
-from robustd.adapters.k8s.config import K8sConfig
+from robustd.adapters.common.watch import load_settings
+from robustd.adapters.k8s.agent import Agent
+from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
 from robustd.adapters.k8s.reconciler import Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
+from robustd.api.v1 import robustd_pb2 as pb
+from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.model import Action, Severity
 
 XID = Cond("gpu/0000:1b:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 5)
@@ -129,3 +138,146 @@ def test_status_reads_the_state_file_and_a_bad_mode_names_key_and_line(server: K
     cfg.write_text(cfg.read_text().replace("mode: shadow", "mode: dry-run"))
     r = agent_cli("--check-config", "--config", str(cfg))
     assert r.returncode != 0 and f"{cfg}:6: k8s.mode" in r.stderr, r.stderr
+
+
+# --- the whole agent, following a robustd stand-in over gRPC -----------------------------------------------
+
+
+class FakeRobustd(pb_grpc.NodeHealthServicer):
+    """GetVerdict and Watch(from_seq) from a log the test writes; events up to `released` are streamed."""
+
+    def __init__(self) -> None:
+        self.log: list[pb.Event] = []
+        self.released = 1 << 62
+        self.cv = threading.Condition()
+
+    def add(self, kind: int, c: Cond, at: float | None = None) -> int:
+        with self.cv:
+            seq = (self.log[-1].seq if self.log else 10) + 1
+            ev = pb.Event(seq=seq, kind=kind, condition=pb.Condition(
+                component=c.component, code=c.code, severity=int(c.severity), action=int(c.action), seq=seq))
+            stamp = time.time() if at is None else at
+            ev.at.FromNanoseconds(int(stamp * 1e9))
+            ev.condition.last_seen.FromNanoseconds(int(stamp * 1e9))
+            self.log.append(ev)
+            self.cv.notify_all()
+            return seq
+
+    def release(self, seq: int) -> None:
+        with self.cv:
+            self.released = seq
+            self.cv.notify_all()
+
+    def GetVerdict(self, request: Any, context: Any) -> pb.Verdict:
+        with self.cv:
+            standing: dict[tuple[str, str], pb.Condition] = {}
+            for ev in self.log:
+                key = (ev.condition.component, ev.condition.code)
+                if ev.kind == pb.EVENT_KIND_CLEARED:
+                    standing.pop(key, None)
+                else:
+                    standing[key] = ev.condition
+            return pb.Verdict(node="fake", seq=self.log[-1].seq if self.log else 0, boot_id="b1",
+                              conditions=list(standing.values()))
+
+    def Watch(self, request: Any, context: Any) -> Iterator[pb.Event]:
+        sent = request.from_seq
+        while context.is_active():
+            with self.cv:
+                ready = [e for e in self.log if sent < e.seq <= self.released]
+                if not ready:
+                    self.cv.wait(0.05)
+                    continue
+            for ev in ready:
+                sent = ev.seq
+                yield ev
+
+
+@pytest.fixture
+def robustd(short_tmp: Path) -> Iterator[tuple[FakeRobustd, str]]:
+    sock = str(short_tmp / "robustd.sock")
+    fake = FakeRobustd()
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_NodeHealthServicer_to_server(fake, server)
+    server.add_insecure_port(f"unix:{sock}")
+    server.start()
+    yield fake, sock
+    server.stop(0)
+
+
+def agent_config(tmp: Path, sock: str, **k8s: Any) -> Path:
+    cfg = tmp / "robustd.yaml"
+    doc = {"state_dir": str(tmp / "state"), "listen": {"unix": sock},
+           "k8s": {"node_name": "gpu-1", "state_file": str(tmp / "k8s.json"), "request_timeout": "2s",
+                   "quarantine": {**QUARANTINE, "release_after": "1s"}, **k8s}}
+    cfg.write_text(yaml.safe_dump(doc))
+    return cfg
+
+
+def make_agent(server: KubeAPIServer, tmp: Path, sock: str, **k8s: Any) -> Agent:
+    cfg = agent_config(tmp, sock, **k8s)
+    agent = Agent(load_settings(str(cfg), SCHEMA), Kube(api_client(str(server.kubeconfig(tmp / "kc"))), 2.0))
+    agent._resume()
+    return agent
+
+
+def turn_until(agent: Agent, pred: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        agent._turn()
+
+
+def saved_position(tmp: Path, seq: int) -> None:
+    """The state file of an agent that stopped after handling seq `seq` (nothing standing then)."""
+    K8sStateFile(str(tmp / "k8s.json")).write(K8sState(node="gpu-1", table=Table(seq=seq, boot_id="b1"),
+                                                       events_seq=seq))
+
+
+def cordons(server: KubeAPIServer) -> list[Any]:
+    return [r for r in server.requests("PATCH", "/nodes/gpu-1") if not r.path.endswith("/status")]
+
+
+def test_a_fault_raised_and_cleared_while_the_agent_was_down_cordons_nothing(
+        server: KubeAPIServer, robustd: tuple[FakeRobustd, str], tmp_path: Path) -> None:
+    fake, sock = robustd
+    server.add_node("gpu-1")
+    saved_position(tmp_path, 10)
+    raised = fake.add(RAISED, XID, at=time.time() - 30)  # while the agent was down
+    cleared = fake.add(CLEARED, XID, at=time.time() - 20)
+    fake.release(raised)  # the replay arrives in two parts: the agent turns in between
+    agent = make_agent(server, tmp_path, sock)
+    turn_until(agent, lambda: agent.table is not None and agent.table.seq == raised, "the raise replayed")
+    for _ in range(4):
+        agent._turn()
+    fake.release(cleared)
+    turn_until(agent, lambda: agent.table is not None and agent.table.seq == cleared and not agent.state.pending,
+               "the clear replayed and both Events posted")
+    agent._turn()
+    assert cordons(server) == [] and not server.node("gpu-1")["spec"].get("taints")
+    assert sorted(e["type"] for e in server.events() if e["reason"] == "XID_79") == ["Normal", "Warning"]
+    assert server.condition("gpu-1", "RobustdGPUProblem")["status"] == "False"  # type: ignore[index]
+    assert "cordon" not in [d.kind for d in agent.state.recent]
+
+
+def test_a_watch_resumed_across_an_hour_old_fault_does_not_cordon(
+        server: KubeAPIServer, robustd: tuple[FakeRobustd, str], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    fake, sock = robustd
+    server.add_node("gpu-1")
+    saved_position(tmp_path, 10)
+    fake.add(RAISED, XID, at=time.time() - 3600)  # an hour ago, and it still stands
+    agent = make_agent(server, tmp_path, sock)
+    turn_until(agent, lambda: (c := server.condition("gpu-1", "RobustdGPUProblem")) is not None and
+               c["status"] == "True", "the condition shown")
+    agent._turn()
+    assert cordons(server) == []
+    assert "ignore stale news for gpu-1: XID_79 on gpu/0000:1b:00.0 was read 3600s after it happened" in caplog.text
+    assert "older than k8s.max_event_age 600s: no cordon" in caplog.text
+    fresh = Cond("gpu/0000:2a:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 0)
+    fake.add(RAISED, fresh)  # news of now: acted on
+    turn_until(agent, lambda: server.node("gpu-1")["spec"].get("unschedulable") is True, "cordoned for the new one")
+    assert [d.text for d in agent.state.recent if d.kind == "cordon"] == [
+        "cordon gpu-1: XID_79 on gpu/0000:2a:00.0 (CRITICAL, action REBOOT), taint robustd.io/unhealthy=REBOOT:"
+        "NoSchedule"]
+    agent._shutdown()

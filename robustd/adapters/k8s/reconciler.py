@@ -105,8 +105,8 @@ class Reconciler:
         kinds[kind] = kinds.get(kind, 0) + 1
         self.state.recent.append(d)
         del self.state.recent[:-MAX_RECENT]
-        log.log(logging.WARNING if kind == "cordon" else logging.INFO, "%s%s", "would " if self.shadow else "",
-                text)
+        level = logging.WARNING if kind in ("cordon", "stale") else logging.INFO
+        log.log(level, "%s%s", "would " if self.shadow else "", text)
         if self.on_decision is not None:
             self.on_decision(d)
 
