@@ -9,7 +9,9 @@ the agent's log, `robustd-k8s --status`.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, eventually, terminate
 from fakes.kube_apiserver import KubeAPIServer
 
 from robustd.adapters.common.model import CLEARED, RAISED, Cond, Table
@@ -281,3 +283,54 @@ def test_a_watch_resumed_across_an_hour_old_fault_does_not_cordon(
         "cordon gpu-1: XID_79 on gpu/0000:2a:00.0 (CRITICAL, action REBOOT), taint robustd.io/unhealthy=REBOOT:"
         "NoSchedule"]
     agent._shutdown()
+
+
+def test_sighup_switches_shadow_to_act_without_acting_on_the_past(
+        server: KubeAPIServer, robustd: tuple[FakeRobustd, str], tmp_path: Path) -> None:
+    unit = (REPO / "systemd" / "robustd-k8s.service").read_text()
+    assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in unit
+    fake, sock = robustd
+    server.add_node("gpu-1")
+    cfg = agent_config(tmp_path, sock, mode="shadow")
+    good = cfg.read_text()
+    out = tmp_path / "agent.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("NOTIFY_SOCKET", None)
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "robustd.adapters.k8s.agent", "--config", str(cfg),
+                                 "--kubeconfig", str(server.kubeconfig(tmp_path / "kc"))], stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, env=env)
+    try:
+        def logged(text: str, timeout: float = 10.0) -> None:
+            eventually(lambda: text in out.read_text(), timeout, repr(text), detail=out.read_text)
+
+        logged("watching robustd from seq")
+        before = server.node("gpu-1")
+        fake.add(RAISED, XID)
+        logged("would cordon gpu-1: XID_79 on gpu/0000:1b:00.0")
+
+        cfg.write_text(good.replace("mode: shadow", "mode: sideways"))  # a bad reload: the old config stays
+        line = next(i for i, x in enumerate(cfg.read_text().splitlines(), 1) if "sideways" in x)
+        proc.send_signal(signal.SIGHUP)
+        logged(f"{cfg}:{line}: k8s.mode")
+        assert "the config in force is kept" in out.read_text()
+        fake.add(RAISED, LINK)
+        logged("would set condition RobustdNetworkProblem=True on gpu-1")
+        assert server.node("gpu-1") == before and not server.events()  # shadow: nothing written
+
+        cfg.write_text(good.replace("mode: shadow", "mode: act"))
+        proc.send_signal(signal.SIGHUP)
+        logged("k8s.mode is now act")
+        eventually(lambda: (c := server.condition("gpu-1", "RobustdGPUProblem")) and c["status"] == "True", 10,
+                   "the conditions as they stand, written after the switch")
+        fake.add(CLEARED, XID)  # the quarantine decided in shadow ends: nothing to undo, nothing written
+        logged("the quarantine decided in shadow mode ends (nothing on the Node to undo)")
+        assert cordons(server) == [] and not server.node("gpu-1")["spec"].get("unschedulable")
+        assert [(e["type"], e["reason"]) for e in server.events()] == [("Normal", "XID_79")]  # decided after it
+
+        fresh = Cond("gpu/0000:2a:00.0", "XID_79", Severity.CRITICAL, Action.REBOOT, 0)
+        fake.add(RAISED, fresh)  # a decision after the switch: carried out
+        eventually(lambda: server.node("gpu-1")["spec"].get("unschedulable") is True, 10, "cordoned",
+                   detail=out.read_text)
+    finally:
+        assert terminate(proc) == 0, out.read_text()
