@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,7 +24,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 import yaml
-from conftest import REPO, eventually, terminate
+from conftest import REPO, eventually, free_port, terminate
 from fakes.kube_apiserver import KubeAPIServer
 
 from robustd.adapters.common.model import CLEARED, RAISED, Cond, Table
@@ -291,8 +292,15 @@ def test_sighup_switches_shadow_to_act_without_acting_on_the_past(
     assert "\nExecReload=/bin/kill -HUP $MAINPID\n" in unit
     fake, sock = robustd
     server.add_node("gpu-1")
-    cfg = agent_config(tmp_path, sock, mode="shadow")
+    metrics = f"127.0.0.1:{free_port()}"
+    cfg = agent_config(tmp_path, sock, mode="shadow", metrics_address=metrics)
     good = cfg.read_text()
+
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
+        return {k: float(v) for k, v in (x.rsplit(" ", 1) for x in text.splitlines()
+                                         if x.startswith("robustd_k8s_"))}
+
     out = tmp_path / "agent.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("NOTIFY_SOCKET", None)
@@ -317,6 +325,11 @@ def test_sighup_switches_shadow_to_act_without_acting_on_the_past(
         fake.add(RAISED, LINK)
         logged("would set condition RobustdNetworkProblem=True on gpu-1")
         assert server.node("gpu-1") == before and not server.events()  # shadow: nothing written
+        m = scrape()
+        assert m["robustd_k8s_shadow_mode"] == 1.0
+        assert m['robustd_k8s_decisions_total{decision="cordon",mode="shadow"}'] == 1.0
+        assert m['robustd_k8s_decisions_total{decision="event",mode="shadow"}'] == 2.0
+        assert m['robustd_k8s_decisions_total{decision="cordon",mode="act"}'] == 0.0
 
         cfg.write_text(good.replace("mode: shadow", "mode: act"))
         proc.send_signal(signal.SIGHUP)
@@ -332,5 +345,9 @@ def test_sighup_switches_shadow_to_act_without_acting_on_the_past(
         fake.add(RAISED, fresh)  # a decision after the switch: carried out
         eventually(lambda: server.node("gpu-1")["spec"].get("unschedulable") is True, 10, "cordoned",
                    detail=out.read_text)
+        m = eventually(lambda: (m := scrape())['robustd_k8s_decisions_total{decision="cordon",mode="act"}'] == 1.0
+                       and m, 5, "the cordon counted (the count follows the write)")
+        assert m["robustd_k8s_shadow_mode"] == 0.0
+        assert m['robustd_k8s_decisions_total{decision="cordon",mode="shadow"}'] == 1.0
     finally:
         assert terminate(proc) == 0, out.read_text()

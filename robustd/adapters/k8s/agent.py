@@ -106,7 +106,20 @@ class Agent(WatchAgent):
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, self._on_hup)
+        if self.cfg.metrics_address:
+            self._serve_metrics(self.cfg.metrics_address)
         return super().run()
+
+    def _serve_metrics(self, address: str) -> None:
+        """/metrics on k8s.metrics_address (the daemon's bounded server, robustd/metrics_http.py); a port that
+        cannot be had is logged, and the agent runs on without it (its decisions do not depend on it)."""
+        from robustd.metrics_http import serve
+
+        try:
+            serve(address, Metrics(self))
+            log.info("metrics on http://%s/metrics", address)
+        except OSError as e:
+            log.error("k8s.metrics_address %s: cannot listen (%s): no metrics", address, e)
 
     def _on_hup(self, signum: int, frame: Any) -> None:
         self.reload_requested = True
@@ -227,6 +240,30 @@ class Agent(WatchAgent):
         self.last_save = 0.0
         self._save_position()
         log.info("robustd-k8s stopped (watch position seq %s)", self.table.seq if self.table else 0)
+
+
+class Metrics:
+    """robustd_k8s_decisions_total{mode,decision} (from the state file's counts, so they survive a restart)
+    and robustd_k8s_shadow_mode (1 while k8s.mode is shadow), read at each scrape."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        decisions = CounterMetricFamily("robustd_k8s_decisions", "Decisions robustd-k8s made (act: carried out; "
+                                        "shadow: logged as 'would ...')", labels=["mode", "decision"])
+        counts = {m: dict(kinds) for m, kinds in list(self.agent.state.decisions.items())}
+        for mode in ("act", "shadow"):
+            kinds = counts.get(mode, {})
+            for kind in [*DECISIONS, *sorted(set(kinds) - set(DECISIONS))]:
+                decisions.add_metric([mode, kind], kinds.get(kind, 0))
+        yield decisions
+        shadow = GaugeMetricFamily("robustd_k8s_shadow_mode", "1 while k8s.mode is shadow (nothing is written to the "
+                                   "API server), 0 in act")
+        shadow.add_metric([], 1.0 if self.agent.cfg.mode == "shadow" else 0.0)
+        yield shadow
 
 
 def _seconds(ts: Any) -> float:

@@ -91,7 +91,6 @@ class Reconciler:
     breaker_at: float = field(default=0.0, init=False)
     last_error: str = field(default="", init=False)
     writes: int = field(default=0, init=False)  # condition patches made (the benchmark's figure)
-    on_decision: Callable[[Decision], None] | None = field(default=None, init=False)  # the metrics' hook
 
     @property
     def shadow(self) -> bool:
@@ -107,8 +106,6 @@ class Reconciler:
         del self.state.recent[:-MAX_RECENT]
         level = logging.WARNING if kind in ("cordon", "stale") else logging.INFO
         log.log(level, "%s%s", "would " if self.shadow else "", text)
-        if self.on_decision is not None:
-            self.on_decision(d)
 
     def reconfigure(self, cfg: K8sConfig) -> None:
         """A reload's `k8s:` section. From shadow to act nothing decided before the switch is carried out:
