@@ -301,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     p = agent_parser("robustd-k8s", "Show robustd's verdict on this Kubernetes Node (conditions, events; "
                      "quarantine when configured).", "robustd-k8s --check-config --config /etc/robustd/robustd.yaml",
                      "robustd-k8s --config /etc/robustd/robustd.yaml --kubeconfig ~/.kube/config",
-                     "systemctl enable --now robustd-k8s")
+                     "systemctl enable --now robustd-k8s",
+                     "robustd-k8s --status --config /etc/robustd/robustd.yaml",
+                     "systemctl reload robustd-k8s   # SIGHUP: k8s.mode shadow/act and the k8s: section, no restart")
     p.add_argument("--kubeconfig", default=None, help="a kubeconfig file (default: k8s.kubeconfig, else in-cluster)")
     p.add_argument("--status", action="store_true",
                    help="print the mode and the recent decisions (from the state file) and exit")
