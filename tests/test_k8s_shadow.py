@@ -89,20 +89,26 @@ def said(r: Reconciler) -> list[tuple[str, str]]:
     return [(d.kind, d.text.replace(r.node, "NODE")) for d in r.state.recent]
 
 
-def test_shadow_decides_as_act_and_writes_nothing(server: KubeAPIServer, tmp_path: Path) -> None:
-    server.add_node("gpu-act")
+@pytest.mark.parametrize("operator_cordon", [False, True], ids=["free", "cordoned-by-an-operator"])
+def test_shadow_decides_as_act_and_writes_nothing(server: KubeAPIServer, tmp_path: Path,
+                                                  operator_cordon: bool) -> None:
+    server.add_node("gpu-act", unschedulable=operator_cordon)
     act = scenario(server, tmp_path, "gpu-act", "act")
     cordons = [r.status for r in server.requests("PATCH", "/nodes/gpu-act") if not r.path.endswith("/status")]
-    assert cordons == [200, 200] and not server.node("gpu-act")["spec"].get("unschedulable")  # cordoned, released
-    server.add_node("gpu-shadow")
+    assert cordons == [200, 200]  # cordoned, released: the operator's cordon stays
+    assert bool(server.node("gpu-act")["spec"].get("unschedulable")) is operator_cordon
+    server.add_node("gpu-shadow", unschedulable=operator_cordon)
     before = server.node("gpu-shadow")
     shadow = scenario(server, tmp_path, "gpu-shadow", "shadow")
 
     assert said(shadow) == said(act)  # the same decisions, in the same words
     kinds = [k for k, _ in said(act)]
     assert kinds.count("cordon") == 1 and kinds.count("uncordon") == 1 and kinds.count("event") == 4, kinds
+    kept = (" (it was cordoned already: that cordon stays)", " (only the taint: someone else cordoned it first)")
     assert ("cordon", "cordon NODE: XID_79 on gpu/0000:1b:00.0 (CRITICAL, action REBOOT), taint "
-            "robustd.io/unhealthy=REBOOT:NoSchedule") in said(act)
+            "robustd.io/unhealthy=REBOOT:NoSchedule" + (kept[0] if operator_cordon else "")) in said(act)
+    assert said(act)[-1] == ("uncordon", "uncordon NODE: robustd's verdict has been OK for 300s" +
+                             (kept[1] if operator_cordon else ""))
     assert ("condition", "set condition RobustdGPUProblem=True on NODE (Xid79) XID_79 on gpu/0000:1b:00.0 "
             "(CRITICAL, action REBOOT)") in said(act)
     assert shadow.state.decisions == {"shadow": act.state.decisions["act"]}
