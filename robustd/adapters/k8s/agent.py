@@ -289,7 +289,7 @@ def status_text(path: str, node: str, mode: str) -> str:
                      f"action {q.action}, since {rfc3339(q.since)}")
     if st.recent:
         lines.append("recent:")
-        lines += [f"  {rfc3339(d.at)} {'would ' if d.mode == 'shadow' else ''}{d.text}" for d in st.recent]
+        lines += [f"  {rfc3339(d.at)} {d.words}" for d in st.recent]
     return "\n".join(lines)
 
 

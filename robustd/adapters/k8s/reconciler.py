@@ -105,7 +105,7 @@ class Reconciler:
         self.state.recent.append(d)
         del self.state.recent[:-MAX_RECENT]
         level = logging.WARNING if kind in ("cordon", "stale") else logging.INFO
-        log.log(level, "%s%s", "would " if self.shadow else "", text)
+        log.log(level, "%s", d.words)
 
     def reconfigure(self, cfg: K8sConfig) -> None:
         """A reload's `k8s:` section. From shadow to act nothing decided before the switch is carried out:

@@ -59,6 +59,11 @@ class Decision:
     kind: str  # one of DECISIONS
     text: str  # act's words: "cordon gpu-1: XID_79 on gpu/... (action REBOOT)"; shadow logs "would " + text
 
+    @property
+    def words(self) -> str:
+        """As logged and shown: a write shadow did not make is "would ..."; a stale fault is ignored in both."""
+        return ("would " if self.mode == "shadow" and self.kind != "stale" else "") + self.text
+
 
 @dataclass
 class K8sState:
