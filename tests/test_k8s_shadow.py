@@ -357,3 +357,23 @@ def test_sighup_switches_shadow_to_act_without_acting_on_the_past(
         assert m['robustd_k8s_decisions_total{decision="cordon",mode="shadow"}'] == 1.0
     finally:
         assert terminate(proc) == 0, out.read_text()
+
+
+def test_new_keys_defaults_and_errors_name_key_and_line(tmp_path: Path) -> None:
+    from robustd.config import ConfigError, load_config
+
+    path = tmp_path / "robustd.yaml"
+    path.write_text("k8s:\n")
+    k = load_config(str(path), SCHEMA).section("k8s")
+    assert (k.mode, k.max_event_age, k.metrics_address) == ("act", 600.0, None)
+    path.write_text("k8s:\n  mode: shadow\n  max_event_age: 1h\n  metrics_address: 127.0.0.1:9465\n")
+    k = load_config(str(path), SCHEMA).section("k8s")
+    assert (k.mode, k.max_event_age, k.metrics_address) == ("shadow", 3600.0, "127.0.0.1:9465")
+    for text, key in {"k8s:\n  mode: act\n  max_event_age: soon\n": ":3: k8s.max_event_age",
+                      "k8s:\n  max_event_age: 0s\n": ":2: k8s.max_event_age",
+                      "k8s:\n  metrics_address: 9465\n": ":2: k8s.metrics_address",
+                      "k8s:\n  mode: ACT\n": ":2: k8s.mode"}.items():
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(str(path), SCHEMA)
+        assert key in str(e.value), str(e.value)
