@@ -116,7 +116,7 @@ class Agent(WatchAgent):
         from robustd.metrics_http import serve
 
         try:
-            serve(address, Metrics(self))
+            serve(address, Metrics(self), key="k8s.metrics_address")
             log.info("metrics on http://%s/metrics", address)
         except OSError as e:
             log.error("k8s.metrics_address %s: cannot listen (%s): no metrics", address, e)
