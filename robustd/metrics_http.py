@@ -80,16 +80,16 @@ class BoundedServer(ThreadingMixIn, WSGIServer):
 
 
 def serve(address: str, collector: Collector, max_connections: int = MAX_CONNECTIONS,
-          timeout: float = IDLE_TIMEOUT) -> Any:
+          timeout: float = IDLE_TIMEOUT, key: str = "metrics.address") -> Any:
     """Start the /metrics endpoint on host:port in a daemon thread; returns the HTTP server (to close it).
     Raises OSError when the address cannot be listened on. An address beyond loopback is served, with a
     warning: the endpoint is plain HTTP without authentication."""
     host, port = split_address(address)
     if not is_loopback(host):
-        log.warning("metrics.address %s is reachable from other hosts: /metrics is plain HTTP without "
+        log.warning("%s %s is reachable from other hosts: /metrics is plain HTTP without "
                     "authentication and shows this node's conditions (components, codes, actions), its checks, "
                     "its diagnostics and the robustd version to anyone who can connect; bind it to 127.0.0.1 "
-                    "or allow only the Prometheus servers in a firewall", address)
+                    "or allow only the Prometheus servers in a firewall", key, address)
     registry = CollectorRegistry()
     registry.register(collector)
     family, bind = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM,

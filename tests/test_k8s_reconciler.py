@@ -365,5 +365,5 @@ def test_release_keeps_a_cordon_another_manager_made_after_robustds(server: Kube
     node = kubectl.read_node(NODE)
     assert node.spec.unschedulable is True and not node.spec.taints  # the operator's cordon stays; robustd's taint goes
     assert not node.metadata.annotations
-    assert "cordon kept: spec.unschedulable is kubectl-cordon's now, not robustd-k8s's" in caplog.text
+    assert "(only the taint: spec.unschedulable is kubectl-cordon's now, not robustd-k8s's" in caplog.text
     assert r.state.quarantine is None

@@ -10,6 +10,14 @@ Node toward the table: conditions, Events, quarantine. While robustd cannot be r
 decided; after three heartbeats without it robustd's conditions become Unknown. Exit status: 0 after
 SIGTERM/SIGINT, 78 (EX_CONFIG) for a bad config (with or without --check-config: the unit does not restart
 on it), 1 for an unusable kubeconfig (a service account token may yet be mounted: worth a restart).
+
+It acts only on its current view: after a (re)connect the events robustd logged meanwhile are replayed
+for their Events, but nothing else is decided until the table has caught up with the verdict read at
+connect, so a fault raised and cleared while the agent was away changes nothing; and a fault whose news
+is older than `k8s.max_event_age` cordons nothing. SIGHUP re-reads the config (a bad one is logged, key
+and line, and the old one kept); `k8s.mode` moves between act and shadow without a restart.
+
+    robustd-k8s --status [--config PATH]   the mode and the recent decisions, from the state file
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -33,8 +42,8 @@ from robustd.adapters.common.watch import WatchAgent, WatchStream, agent_parser,
 from robustd.adapters.k8s import families
 from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.kube import Kube, api_client
-from robustd.adapters.k8s.reconciler import Reconciler, rfc3339
-from robustd.adapters.k8s.state import K8sState, K8sStateFile
+from robustd.adapters.k8s.reconciler import Reconciler, news_key, rfc3339
+from robustd.adapters.k8s.state import DECISIONS, K8sState, K8sStateFile
 from robustd.api.v1 import robustd_pb2 as pb
 
 log = logging.getLogger("robustd.k8s")
@@ -42,6 +51,8 @@ log = logging.getLogger("robustd.k8s")
 TICK = 0.25  # the longest the loop sleeps between looks at the stop flag
 SAVE_EVERY = 1.0
 UNKNOWN_AFTER = 3  # heartbeats without robustd before its conditions become Unknown
+CATCH_UP_LIMIT = 30.0  # seconds a replay after a connect may take before the agent decides on what it has
+RESTART_KEYS = ("node_name", "kubeconfig", "state_file", "request_timeout", "metrics_address")  # read at start
 
 
 def node_name(cfg: K8sConfig) -> str:
@@ -71,6 +82,10 @@ class Agent(WatchAgent):
         self.last_save = 0.0
         self._last_error = ""
         self.gap: tuple[Table, str] | None = None  # the table an OUT_OF_RANGE dropped, and why
+        self.config_path: str = settings.source
+        self.reload_requested = False
+        self.current_from = 0  # the verdict's seq read at connect: decided on once the table has reached it
+        self.connected_at = 0.0  # monotonic
         from robustd.sdnotify import Notifier
 
         self.notifier = Notifier()
@@ -94,16 +109,72 @@ class Agent(WatchAgent):
         log.info("robustd-k8s %s: Node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
                  self.state_file.path, f", resuming after seq {self.table.seq}" if self.table else "")
 
+    def run(self) -> int:
+        signal.signal(signal.SIGHUP, self._on_hup)
+        if self.cfg.metrics_address:
+            self._serve_metrics(self.cfg.metrics_address)
+        return super().run()
+
+    def _serve_metrics(self, address: str) -> None:
+        """/metrics on k8s.metrics_address (the daemon's bounded server, robustd/metrics_http.py); a port that
+        cannot be had is logged, and the agent runs on without it (its decisions do not depend on it)."""
+        from robustd.metrics_http import serve
+
+        try:
+            serve(address, Metrics(self), key="k8s.metrics_address")
+            log.info("metrics on http://%s/metrics", address)
+        except OSError as e:
+            log.error("k8s.metrics_address %s: cannot listen (%s): no metrics", address, e)
+
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        self.reload_requested = True
+
+    def reload(self) -> bool:
+        """Re-read the config file: the new `k8s:` section takes effect at once (mode included); a bad file
+        keeps the old config (logged with key and line); keys read only at start are said to need a restart."""
+        from robustd.adapters.common.watch import load_settings
+        from robustd.config import ConfigError
+
+        self.reload_requested = False
+        try:
+            new: K8sConfig = load_settings(self.config_path, SCHEMA).section("k8s")
+        except ConfigError as e:
+            log.error("reload of %s refused, the config in force is kept:\n%s", self.config_path, e)
+            return False
+        old = self.cfg
+        later = [k for k in RESTART_KEYS if getattr(new, k) != getattr(old, k)]
+        if later:
+            log.warning("reload: %s take effect at the next restart", ", ".join(f"k8s.{k}" for k in later))
+            new = new.model_copy(update={k: getattr(old, k) for k in later})
+        self.cfg = new
+        self.reconciler.reconfigure(new)
+        log.info("reloaded %s (k8s.mode %s)", self.config_path, new.mode)
+        return True
+
     def _turn(self) -> None:
+        if self.reload_requested:
+            self.reload()
         if self.stream is None and time.monotonic() >= self.next_connect:
             self._connect()
-        # Only a live Watch's table is acted on: a saved one may be stale while robustd does not answer.
-        wait = self.reconciler.step(self.table if self.stream is not None else None, self._down_why())
+        # Only a live Watch's table is acted on: a saved one may be stale while robustd does not answer; and
+        # while the Watch replays what happened before the connect, only its Events are posted.
+        live = self.table if self.stream is not None and self._caught_up() else None
+        wait = self.reconciler.step(live, self._down_why())
         self._save_position()
         if self.stream is None:
             wait = min(wait, max(0.0, self.next_connect - time.monotonic()))
         for kind, item, source in self._take(min(wait, TICK)):
             self._handle(kind, item, source)
+
+    def _caught_up(self) -> bool:
+        if self.table is None or self.table.seq >= self.current_from:
+            return True
+        if time.monotonic() - self.connected_at > CATCH_UP_LIMIT:
+            log.warning("the replay after the connect has not reached seq %d within %gs (at seq %d): deciding on "
+                        "the table as it is", self.current_from, CATCH_UP_LIMIT, self.table.seq)
+            self.current_from = self.table.seq
+            return True
+        return False
 
     def _down_why(self) -> str | None:
         since = self.unreachable_since
@@ -119,7 +190,13 @@ class Agent(WatchAgent):
             cond = client.cond(item.condition)
             prev = table.conditions.get(cond.key)
             seq = int(item.seq)
-            if table.apply(int(item.kind), cond, seq) and seq > self.state.events_seq:
+            applied = table.apply(int(item.kind), cond, seq)
+            if applied:
+                if int(item.kind) == CLEARED:
+                    self.state.seen.pop(news_key(cond), None)
+                else:
+                    self.state.seen[news_key(cond)] = _seconds(item.at) or self.clock()
+            if applied and seq > self.state.events_seq:
                 kind_ = int(item.kind)
                 spec = families.event_for(kind_, prev if kind_ == CLEARED and prev else cond, seq, prev)
                 if spec is not None:
@@ -135,19 +212,28 @@ class Agent(WatchAgent):
             self.gap = (before, str(item.details() or "").split(";")[0] if isinstance(item, grpc.RpcError) else "")
 
     def _connect(self) -> None:
-        if self._open_watch(f"its conditions become Unknown after {UNKNOWN_AFTER} heartbeats") is None:
+        v = self._open_watch(f"its conditions become Unknown after {UNKNOWN_AFTER} heartbeats")
+        if v is None:
             return
+        self.current_from = int(v.seq)
+        self.connected_at = time.monotonic()
         self.unreachable_since = None
         self.notifier.status(f"node {self.node}: watching robustd")
 
     def _sync(self, v: pb.Verdict) -> bool:
         """As every adapter does; a new snapshot also queues the Events the Watch events it stands for would
         have had: against the table before it (after an OUT_OF_RANGE or a reset of robustd's log, with an
-        EventsSkipped Event saying so), or every standing condition at a first start."""
+        EventsSkipped Event saying so), or every standing condition at a first start. The time of each
+        condition's news is its last sighting (a snapshot's), unless a Watch event said later."""
         before, why = self.gap or (self.table, "")
         if self.table is not None and v.seq < self.table.seq:
             why = f"robustd's event log was reset: its newest seq {v.seq} is below {self.table.seq}"
-        if not super()._sync(v):
+        fresh = super()._sync(v)
+        if fresh:
+            self.state.seen = {}
+        for c in v.conditions:
+            self.state.seen.setdefault(news_key(client.cond(c)), _seconds(c.last_seen) or self.clock())
+        if not fresh:
             return False
         self.gap = None
         assert self.table is not None
@@ -179,6 +265,57 @@ class Agent(WatchAgent):
         log.info("robustd-k8s stopped (watch position seq %s)", self.table.seq if self.table else 0)
 
 
+class Metrics:
+    """robustd_k8s_decisions_total{mode,decision} (from the state file's counts, so they survive a restart)
+    and robustd_k8s_shadow_mode (1 while k8s.mode is shadow), read at each scrape."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        decisions = CounterMetricFamily("robustd_k8s_decisions", "Decisions robustd-k8s made (act: carried out; "
+                                        "shadow: logged as 'would ...')", labels=["mode", "decision"])
+        counts = {m: dict(kinds) for m, kinds in list(self.agent.state.decisions.items())}
+        for mode in ("act", "shadow"):
+            kinds = counts.get(mode, {})
+            for kind in [*DECISIONS, *sorted(set(kinds) - set(DECISIONS))]:
+                decisions.add_metric([mode, kind], kinds.get(kind, 0))
+        yield decisions
+        shadow = GaugeMetricFamily("robustd_k8s_shadow_mode", "1 while k8s.mode is shadow (nothing is written to the "
+                                   "API server), 0 in act")
+        shadow.add_metric([], 1.0 if self.agent.cfg.mode == "shadow" else 0.0)
+        yield shadow
+
+
+def _seconds(ts: Any) -> float:
+    """A protobuf Timestamp as wall-clock seconds (0.0 when unset)."""
+    return float(ts.seconds) + ts.nanos / 1e9
+
+
+def status_text(path: str, node: str, mode: str) -> str:
+    """`robustd-k8s --status`: the mode in force, the decisions counted per mode and kind, the recent ones
+    (shadow's prefixed "would"), read from the state file alone (no API server, no robustd)."""
+    st = K8sStateFile(path).read()
+    lines = [f"robustd-k8s on Node {st.node or node}: mode {mode} (state {path})"]
+    for m in ("act", "shadow"):
+        kinds = st.decisions.get(m) or {}
+        if kinds:
+            order = [k for k in DECISIONS if k in kinds] + sorted(set(kinds) - set(DECISIONS))
+            lines.append(f"decisions ({m}): " + ", ".join(f"{k} {kinds[k]}" for k in order))
+    if not st.decisions:
+        lines.append("decisions: none yet")
+    if st.quarantine is not None:
+        q = st.quarantine
+        lines.append(f"quarantine{' (decided in shadow: nothing on the Node)' if q.shadow else ''}: {q.fault}, "
+                     f"action {q.action}, since {rfc3339(q.since)}")
+    if st.recent:
+        lines.append("recent:")
+        lines += [f"  {rfc3339(d.at)} {d.words}" for d in st.recent]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from kubernetes.config import ConfigException
 
@@ -187,8 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     p = agent_parser("robustd-k8s", "Show robustd's verdict on this Kubernetes Node (conditions, events; "
                      "quarantine when configured).", "robustd-k8s --check-config --config /etc/robustd/robustd.yaml",
                      "robustd-k8s --config /etc/robustd/robustd.yaml --kubeconfig ~/.kube/config",
-                     "systemctl enable --now robustd-k8s")
+                     "systemctl enable --now robustd-k8s",
+                     "robustd-k8s --status --config /etc/robustd/robustd.yaml",
+                     "systemctl reload robustd-k8s   # SIGHUP: k8s.mode shadow/act and the k8s: section, no restart")
     p.add_argument("--kubeconfig", default=None, help="a kubeconfig file (default: k8s.kubeconfig, else in-cluster)")
+    p.add_argument("--status", action="store_true",
+                   help="print the mode and the recent decisions (from the state file) and exit")
     args = p.parse_args(argv)
     settings = start("robustd-k8s", args.config, SCHEMA)
     if settings is None:
@@ -196,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg: K8sConfig = settings.section("k8s")
     if args.check_config:
         print(f"{settings.source}: config OK (Node {node_name(cfg)}, state {state_path(settings)})")
+        return 0
+    if args.status:
+        print(status_text(state_path(settings), node_name(cfg), cfg.mode))
         return 0
     setup_logging(settings.config.log_level, identifier="robustd-k8s")
     kubeconfig = args.kubeconfig or cfg.kubeconfig

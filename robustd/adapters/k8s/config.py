@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from robustd.adapters.common.config import ActionName, Threshold
-from robustd.config import Schema
+from robustd.config import Schema, host_port
 from robustd.durations import PositiveDuration
 from robustd.model import Severity
 from robustd.paths import AbsPath
@@ -64,6 +64,15 @@ class K8sConfig(BaseModel):
     request_timeout: PositiveDuration = 10.0  # each request to the API server
     max_backoff: PositiveDuration = 60.0  # failed writes are retried after 0.5 s, doubling up to this (jittered)
     quarantine: QuarantineConfig = Field(default_factory=QuarantineConfig)
+    # act: write conditions, Events and the quarantine; shadow: decide the same, write nothing, log each
+    # decision as "would ..." and count it in the state file (`robustd-k8s --status`).
+    mode: Literal["act", "shadow"] = "act"
+    # News older than this when read (a replayed or long-standing fault) causes no new cordon; it is logged.
+    max_event_age: PositiveDuration = 600.0
+    # host:port of robustd-k8s's own /metrics (robustd_k8s_decisions_total, robustd_k8s_shadow_mode); unset: off.
+    metrics_address: str | None = None
+
+    _host_port = field_validator("metrics_address")(host_port)
 
     @field_validator("heartbeat")
     @classmethod

@@ -10,7 +10,12 @@ One `step()` at a time (the agent calls it every turn; a test calls it with a si
      object up (count, lastTimestamp) as kubelet does, and a name taken by an earlier run means posted;
   4. quarantine (opt-in): cordon + taint + ownership annotations by read-modify-write carrying the node's
      resourceVersion, retried on 409; released after `quarantine.release_after` of OK, undoing only
-     what robustd did (a cordon someone else made stays).
+     what robustd did (a cordon someone else made stays); a fault whose news is older than
+     `k8s.max_event_age` cordons nothing (it is logged as stale).
+Each write is a decision (`decide`): logged in act's words, counted in the state file. In shadow mode
+(`k8s.mode: shadow`) every rule runs the same, reads included, but nothing is written: the decision is
+logged as "would ..." and counted, and what it would have written is taken as written, so the next
+decisions are the ones act would make.
 A failure leaves the desired state where it is: the whole step is retried after a capped exponential
 backoff with jitter (or the server's Retry-After), so nothing is lost while the API server is away.
 """
@@ -31,7 +36,16 @@ from robustd.adapters.k8s import kube as k8s_api
 from robustd.adapters.k8s.config import K8sConfig
 from robustd.adapters.k8s.families import EventSpec, NodeCondition
 from robustd.adapters.k8s.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound, Refused, Transient
-from robustd.adapters.k8s.state import MAX_PENDING, MAX_SERIES, K8sState, K8sStateFile, Quarantine, Series
+from robustd.adapters.k8s.state import (
+    MAX_PENDING,
+    MAX_RECENT,
+    MAX_SERIES,
+    Decision,
+    K8sState,
+    K8sStateFile,
+    Quarantine,
+    Series,
+)
 
 log = logging.getLogger("robustd.k8s")
 
@@ -49,6 +63,11 @@ BREAKER_RECHECK = 60.0  # a suppressed quarantine is looked at again this often
 
 def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def news_key(c: Cond) -> str:
+    """A condition's key in K8sState.seen."""
+    return f"{c.component}|{c.code}"
 
 
 def quarantined_by_robustd(meta: dict[str, Any]) -> bool:
@@ -75,6 +94,41 @@ class Reconciler:
     breaker_at: float = field(default=0.0, init=False)
     last_error: str = field(default="", init=False)
     writes: int = field(default=0, init=False)  # condition patches made (the benchmark's figure)
+
+    @property
+    def shadow(self) -> bool:
+        return self.cfg.mode == "shadow"
+
+    def decide(self, kind: str, text: str) -> None:
+        """One decision: logged (shadow: "would " + act's words), counted in the state file."""
+        mode = self.cfg.mode
+        d = Decision(at=self.clock(), mode=mode, kind=kind, text=text)
+        kinds = self.state.decisions.setdefault(mode, {})
+        kinds[kind] = kinds.get(kind, 0) + 1
+        self.state.recent.append(d)
+        del self.state.recent[:-MAX_RECENT]
+        level = logging.WARNING if kind in ("cordon", "stale") else logging.INFO
+        log.log(level, "%s", d.words)
+
+    def reconfigure(self, cfg: K8sConfig) -> None:
+        """A reload's `k8s:` section. From shadow to act nothing decided before the switch is carried out:
+        the Node is read again (its real conditions, not the ones shadow took as written), Events queued
+        in shadow are dropped, and a quarantine decided in shadow stays a decision with nothing to undo."""
+        was = self.cfg.mode
+        self.cfg = cfg
+        self.breaker_at = 0.0
+        if was == cfg.mode:
+            return
+        if was == "shadow":
+            if self.state.pending:
+                log.info("%d Events decided in shadow mode are not posted", len(self.state.pending))
+                self.state.events_seq = max([self.state.events_seq, *(e.seq for e in self.state.pending)])
+                self.state.pending.clear()
+            self.applied = None
+        self.next_heartbeat = 0.0
+        log.warning("k8s.mode is now %s: %s", cfg.mode, "decisions from now on are carried out" if cfg.mode == "act"
+                    else "nothing is written to the API server from now on")
+        self.save()
 
     # --- the step -----------------------------------------------------------------------------------
 
@@ -158,14 +212,17 @@ class Reconciler:
             body.append({"type": w.type, "status": w.status, "reason": w.reason, "message": w.message,
                          "lastHeartbeatTime": stamp,
                          "lastTransitionTime": stamp if moved else old["lastTransitionTime"]})
-        node = self.kube.patch_node_status(self.node, {"status": {"conditions": body}})
-        self.writes += 1
-        prefix = self.cfg.condition_prefix
-        self.applied = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []
-                        if isinstance(c, dict) and str(c.get("type", "")).startswith(prefix)}
+        if self.shadow:  # taken as written, so the next change is decided against it, as act would
+            self.applied.update({b["type"]: b for b in body})
+        else:
+            node = self.kube.patch_node_status(self.node, {"status": {"conditions": body}})
+            self.writes += 1
+            prefix = self.cfg.condition_prefix
+            self.applied = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []
+                            if isinstance(c, dict) and str(c.get("type", "")).startswith(prefix)}
         self.next_heartbeat = now + self.cfg.heartbeat * (1 + JITTER * self.rng.random())
         for w in changed:
-            log.info("node %s: %s=%s (%s) %s", self.node, w.type, w.status, w.reason, w.message)
+            self.decide("condition", f"set condition {w.type}={w.status} on {self.node} ({w.reason}) {w.message}")
 
     def _differs(self, w: NodeCondition) -> bool:
         assert self.applied is not None
@@ -187,7 +244,9 @@ class Reconciler:
     def _events(self, now: float) -> None:
         while self.state.pending:
             spec = self.state.pending[0]
-            self._post(spec, now)
+            if not self.shadow:
+                self._post(spec, now)
+            self.decide("event", f"post event {spec.type} {spec.reason} on {self.node}: {spec.message}")
             self.state.pending.pop(0)
             self.state.events_seq = max(self.state.events_seq, spec.seq)
             self.save()
@@ -232,10 +291,12 @@ class Reconciler:
             if st.ok_since is not None:
                 st.ok_since = None
                 self.save()
-            if st.quarantine is None and now >= self.breaker_at and self._breaker_allows(q, now):
+            if st.quarantine is None and not self._stale(q, now) and now >= self.breaker_at and \
+                    self._breaker_allows(q, now):
                 self._cordon(q, now)
             return
         st.suppressed = ""
+        st.stale = ""
         if st.quarantine is None:
             return
         if st.ok_since is None:
@@ -243,6 +304,21 @@ class Reconciler:
             self.save()
         if now - st.ok_since >= self.cfg.quarantine.release_after:
             self._release()
+
+    def _stale(self, q: Cond, now: float) -> bool:
+        """Whether the news of `q` is older than k8s.max_event_age (logged once per fault). A condition with
+        no recorded time (the reconciler driven without an agent) counts as current."""
+        at = self.state.seen.get(news_key(q))
+        if at is None or now - at <= self.cfg.max_event_age:
+            return False
+        fault = f"{q.code} on {q.component}"
+        if self.state.stale != fault:
+            self.decide("stale", f"ignore stale news for {self.node}: {fault} was read {now - at:.0f}s after it "
+                        f"happened ({rfc3339(at)}), older than k8s.max_event_age {self.cfg.max_event_age:g}s: "
+                        "no cordon")
+            self.state.stale = fault
+            self.save()
+        return True
 
     def _breaker_allows(self, q: Cond, now: float) -> bool:
         nodes = self.kube.list_node_metadata(self.cfg.quarantine.node_selector)
@@ -265,11 +341,12 @@ class Reconciler:
 
     def _read_modify_put(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         """GET, compute the change, write it with the resourceVersion read; a 409 (someone wrote in between)
-        starts over from a fresh read, so neither their write nor ours is lost."""
+        starts over from a fresh read, so neither their write nor ours is lost. Shadow: the read and the
+        change, no write."""
         for _ in range(PUT_ATTEMPTS):
             node = self.kube.get_node(self.node)
             patch = change(node)
-            if patch is None:
+            if patch is None or self.shadow:
                 return
             try:
                 self.kube.patch_node_if_unchanged(self.node, patch, str(node["metadata"]["resourceVersion"]))
@@ -294,49 +371,50 @@ class Reconciler:
 
         self._read_modify_put(change)
         self.state.quarantine = Quarantine(action=q.action.name, fault=f"{q.code} on {q.component}", since=now,
-                                           pre_existing_cordon=bool(pre and pre[0]))
+                                           pre_existing_cordon=bool(pre and pre[0]), shadow=self.shadow)
+        self.decide("cordon", f"cordon {self.node}: {self.state.quarantine.fault} (CRITICAL, action {q.action.name}),"
+                    f" taint {TAINT_KEY}={q.action.name}:{effect}" + (" (it was cordoned already: that cordon "
+                                                                     "stays)" if pre and pre[0] else ""))
         self.save()
-        log.warning("node %s quarantined: cordoned and tainted %s=%s:%s for %s%s", self.node, TAINT_KEY, q.action.name,
-                    effect, self.state.quarantine.fault, " (it was cordoned already: that cordon stays robustd's "
-                                                         "to leave)" if pre and pre[0] else "")
 
     def _release(self) -> None:
         held = self.state.quarantine
         assert held is not None
-        outcome = ["uncordoned"]
+        kept: list[str] = []  # why the cordon stays, when it does
 
         def change(node: dict[str, Any]) -> dict[str, Any] | None:
             spec = node.get("spec") or {}
             ann = (node.get("metadata") or {}).get("annotations") or {}
             taints = list(spec.get("taints") or [])
-            kept = [t for t in taints if t.get("key") != TAINT_KEY]
+            kept_taints = [t for t in taints if t.get("key") != TAINT_KEY]
             patch: dict[str, Any] = {}
-            if kept != taints:
-                patch.setdefault("spec", {})["taints"] = kept or None
+            if kept_taints != taints:
+                patch.setdefault("spec", {})["taints"] = kept_taints or None
             pre = held.pre_existing_cordon or ann.get(PRE_EXISTING) == "true"
             # The cordon is robustd's to undo only while spec.unschedulable is still robustd-k8s's in the
             # managed fields: someone who cordoned the node again since (`kubectl cordon` after an uncordon) keeps
             # it. A server keeping no managed fields leaves the annotations to tell.
             owners = k8s_api.field_owners(node, "spec", "unschedulable")
+            kept.clear()
             if pre:
-                outcome[:] = ["cordon kept: someone else cordoned it first"]
+                kept.append("someone else cordoned it first")
             elif ann.get(CORDONED_BY) == OWNER and spec.get("unschedulable"):
                 if owners and k8s_api.FIELD_MANAGER not in owners:
-                    outcome[:] = [f"cordon kept: spec.unschedulable is {', '.join(owners)}'s now, not "
-                                  f"{k8s_api.FIELD_MANAGER}'s (cordoned again after robustd did)"]
+                    kept.append(f"spec.unschedulable is {', '.join(owners)}'s now, not {k8s_api.FIELD_MANAGER}'s: "
+                                "cordoned again after robustd did")
                 else:
                     patch.setdefault("spec", {})["unschedulable"] = None
-                    outcome[:] = ["uncordoned"]
-            else:
-                outcome[:] = ["it was not cordoned any more"]
             drop = {k: None for k in (CORDONED_BY, PRE_EXISTING) if k in ann}
             if drop:
                 patch["metadata"] = {"annotations": drop}
             return patch or None
 
-        self._read_modify_put(change)
-        log.info("node %s released: robustd's verdict has been OK for %gs (%s)", self.node,
-                 self.cfg.quarantine.release_after, outcome[0])
+        if held.shadow and not self.shadow:  # decided before the switch to act: nothing on the Node to undo
+            log.info("node %s: the quarantine decided in shadow mode ends (nothing on the Node to undo)", self.node)
+        else:
+            self._read_modify_put(change)
+            self.decide("uncordon", f"uncordon {self.node}: robustd's verdict has been OK for "
+                        f"{self.cfg.quarantine.release_after:g}s" + (f" (only the taint: {kept[0]})" if kept else ""))
         self.state.quarantine = None
         self.state.ok_since = None
         self.save()
