@@ -50,7 +50,7 @@ def test_an_adapter_validates_its_section_and_the_keys_it_reads_not_the_checks(t
     assert slurm.returncode == 1
     assert f"{bad}:4: listen.bogus: unknown key" in slurm.stderr and f"{bad}:6: slurm.resume_after" in slurm.stderr
     k8s = check_config("robustd-k8s", bad)
-    assert k8s.returncode == 1 and f"{bad}:4: listen.bogus: unknown key" in k8s.stderr, k8s.stderr
+    assert k8s.returncode == 78 and f"{bad}:4: listen.bogus: unknown key" in k8s.stderr, k8s.stderr
     assert "slurm.resume_after" not in k8s.stderr  # robustd-slurm's section: not robustd-k8s's to judge
 
 

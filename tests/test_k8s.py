@@ -104,7 +104,8 @@ class AgentProcess:
 class Node:
     """One robustd (the real kernel log), robustd-k8s for it, and the Node it writes."""
 
-    def __init__(self, make_daemon: Any, api: Any, k8s: dict[str, Any] | None = None):
+    def __init__(self, make_daemon: Any, api: Any, k8s: dict[str, Any] | None = None,
+                 daemon: dict[str, Any] | None = None):
         self.api = api
         self.name = api.node_name if E2E else f"gpu-{uuid.uuid4().hex[:8]}"
         if E2E:
@@ -112,7 +113,7 @@ class Node:
         else:
             api.add_node(self.name, labels={"nvidia.com/gpu.present": "true"})
         cfg = {"node_name": self.name, "request_timeout": "1s", "max_backoff": "1s", **(k8s or {})}
-        self.d: Daemon = make_daemon({"k8s": cfg, "checks": {"kernel": {"lookback": "0s"}}})
+        self.d: Daemon = make_daemon({"k8s": cfg, "checks": {"kernel": {"lookback": "0s"}}, **(daemon or {})})
         self.d.start()
         self.kubeconfig = api.kubeconfig(self.d.root / "kubeconfig")
         self.agent = AgentProcess(self.d.config_path, self.kubeconfig, self.d.root / "agent.log")
@@ -146,8 +147,8 @@ def make_node(make_daemon: Any, api: Any) -> Iterator[Callable[..., Node]]:
     need_root("writing /dev/kmsg")
     made: list[Node] = []
 
-    def factory(k8s: dict[str, Any] | None = None) -> Node:
-        n = Node(make_daemon, api, k8s)
+    def factory(k8s: dict[str, Any] | None = None, daemon: dict[str, Any] | None = None) -> Node:
+        n = Node(make_daemon, api, k8s, daemon)
         made.append(n)
         return n
 
@@ -313,6 +314,43 @@ def test_quarantine_cordons_taints_and_releases_only_what_it_did(make_node: Any,
     node = wait_until(released, 10, "uncordoned", n.agent.log)
     assert not any(t["key"] == TAINT for t in node["spec"].get("taints") or [])
     assert "robustd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
+
+
+def test_events_for_a_fault_standing_at_first_start_an_escalation_and_a_span_robustd_pruned(make_node: Any,
+                                                                                           api: Any) -> None:
+    """XID_79 tolerated once (WARNING, CRITICAL at the second), raised before robustd-k8s first starts; then,
+    while robustd-k8s is stopped, two more faults and a clear, and a robustd restart that prunes its log to
+    the newest 2 events: robustd-k8s's Watch resumes OUT_OF_RANGE, and the new snapshot's changes are posted."""
+    n = make_node(daemon={"policy": {"codes": {"XID_79": {"tolerate": {"count": 2, "window": "1h"}}}},
+                          "retention": {"max_events": 2}})
+    line, comp = xid79()
+    inject_kmsg(line)
+    n.d.wait_for(lambda v: any(c.component == comp for c in v.conditions), 5)
+    n.agent.start()  # its first start: the fault stands already
+    raised = n.wait_event(about(comp, "Warning"))
+    assert raised["message"] == f"XID_79 raised on {comp}: WARNING, action REBOOT"
+    inject_kmsg(line)  # the second: CRITICAL (an UPDATED event)
+    updated = n.wait_event(lambda e: e["message"] == f"XID_79 updated on {comp}: WARNING -> CRITICAL, action REBOOT")
+    assert updated["type"] == "Warning" and updated["reason"] == "XID_79"
+    wait_until(lambda: n.saved_seq() >= n.d.verdict().seq, 5, "the position saved", n.agent.log)
+    assert n.agent.stop() == 0
+
+    (line_b, comp_b), (line_c, comp_c) = xid79(), xid79()
+    inject_kmsg(line_b, line_c)
+    n.d.wait_for(lambda v: {comp_b, comp_c} <= {c.component for c in v.conditions}, 5)
+    r = n.d.robustctl("ack", comp, "XID_79", "--reason", "reseated")  # only ours: B and C stand
+    assert r.returncode == 0, r.stderr
+    n.d.restart()  # retention prunes at start: the events after robustd-k8s's seq are gone
+    n.agent.start()
+    skipped = n.wait_event(lambda e: e["reason"] == "EventsSkipped", timeout=15)
+    assert skipped["type"] == "Normal" and "past retention" in skipped["message"], skipped
+    assert "OUT_OF_RANGE" in n.agent.log() or "no longer has the events" in n.agent.log()
+    n.wait_event(lambda e: e["message"] == f"XID_79 cleared on {comp}")
+    for c in (comp_b, comp_c):
+        n.wait_event(lambda e, c=c: e["message"] == f"XID_79 raised on {c}: WARNING, action REBOOT")
+    assert n.agent.stop() == 0
+    mine = n.events(lambda e: any(c in e["message"] for c in (comp, comp_b, comp_c)))
+    assert len(mine) == 5 and all(e["count"] == 1 for e in mine), mine  # each once
 
 
 @pytest.mark.standin  # injected failures: `make k8s-e2e` leaves it out (-m "not standin")

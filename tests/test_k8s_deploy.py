@@ -6,6 +6,8 @@ validated like the rest of robustd.yaml. No image can be built or pulled here, s
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,20 @@ def test_k8s_config_defaults_and_errors_name_key_and_line(tmp_path: Path) -> Non
             load_config(write(tmp_path, text), SCHEMA)
         msg = str(e.value)
         assert key in msg and line in msg and why in msg, msg
+
+
+def test_a_bad_config_exits_78_and_its_unit_does_not_restart_on_it(tmp_path: Path) -> None:
+    """EX_CONFIG with and without --check-config, key and line told; the unit's RestartPreventExitStatus=78 stops
+    the restart every 5 s forever, and no ExecStartPre= can fail first (systemd applies RestartPreventExitStatus=
+    to the main process only, so a failing ExecStartPre= would be restarted all the same)."""
+    cfg = write(tmp_path, "# robustd\nk8s:\n  heartbeat: 1s\n")
+    run = [sys.executable, "-m", "robustd.adapters.k8s.agent", "--config", cfg]
+    for extra in ([], ["--check-config"]):
+        p = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=60, cwd=REPO,
+                           stdin=subprocess.DEVNULL)
+        assert p.returncode == 78, (extra, p.returncode, p.stderr)
+        assert f"{cfg}:3: k8s.heartbeat: " in p.stderr and "Traceback" not in p.stderr, p.stderr
+    unit = (REPO / "systemd" / "robustd-k8s.service").read_text().splitlines()
+    assert "RestartPreventExitStatus=78" in unit and "Restart=on-failure" in unit
+    assert not [line for line in unit if line.startswith("ExecStartPre=") and not line.startswith("ExecStartPre=-")]
+    assert any(line.startswith("ExecStart=/usr/bin/robustd-k8s --config ") for line in unit)

@@ -7,12 +7,16 @@ and the requests on the wire.
 
 from __future__ import annotations
 
+import logging
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
+import grpc
 import pytest
 from fakes.kube_apiserver import SMP, KubeAPIServer
+from kubernetes import client
 
 from robustd.adapters.common.model import CLEARED, RAISED, Cond, Table
 from robustd.adapters.common.watch import load_settings
@@ -20,8 +24,9 @@ from robustd.adapters.k8s.agent import Agent
 from robustd.adapters.k8s.config import SCHEMA, K8sConfig
 from robustd.adapters.k8s.families import event_for
 from robustd.adapters.k8s.kube import Kube, api_client
-from robustd.adapters.k8s.reconciler import TAINT_KEY, Reconciler
+from robustd.adapters.k8s.reconciler import CORDONED_BY, TAINT_KEY, Reconciler
 from robustd.adapters.k8s.state import K8sState, K8sStateFile
+from robustd.api.v1 import robustd_pb2 as pb
 from robustd.model import Action, Severity
 
 NODE = "gpu-1"
@@ -165,8 +170,16 @@ def test_circuit_breaker_suppresses_quarantine_with_one_event(server: KubeAPISer
     for i in range(9):
         server.add_node(f"gpu-{i + 2}", labels={"gpu": "yes"})
     server.add_node("cpu-1", labels={"gpu": "no"})
-    server.edit_node("gpu-2", lambda n: n["spec"].update(taints=[{"key": TAINT_KEY, "value": "REBOOT",
-                                                                  "effect": "NoSchedule"}]))
+
+    def quarantine(n: dict[str, Any]) -> None:  # as robustd-k8s on gpu-2 holds it: cordon, taint, annotations
+        n["spec"].update(unschedulable=True, taints=[{"key": TAINT_KEY, "value": "REBOOT", "effect": "NoSchedule"}])
+        n["metadata"]["annotations"].update({CORDONED_BY: "robustd", "robustd.io/pre-existing-cordon": "false"})
+
+    def release(n: dict[str, Any]) -> None:
+        del n["spec"]["taints"], n["spec"]["unschedulable"]
+        n["metadata"]["annotations"].clear()
+
+    server.edit_node("gpu-2", quarantine, manager="robustd-k8s")
     clock = Clock()
     r = reconciler(server, tmp_path, clock, quarantine={"actions": ["REBOOT"], "node_selector": "gpu=yes"})
     r.step(table(XID))
@@ -176,9 +189,12 @@ def test_circuit_breaker_suppresses_quarantine_with_one_event(server: KubeAPISer
     assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")
     events = [e for e in server.events() if e["reason"] == "QuarantineSuppressed"]
     assert len(events) == 1 and "1 of 10 nodes" in events[0]["message"], events
-    assert [q.query.get("labelSelector") for q in server.requests("GET", "/api/v1/nodes") if q.verb == "list"] == \
-        ["gpu=yes", "gpu=yes"]
-    server.edit_node("gpu-2", lambda n: n["spec"].pop("taints"))  # that node released: room again
+    lists = [q for q in server.requests("GET", "/api/v1/nodes") if q.verb == "list"]
+    assert [q.query.get("labelSelector") for q in lists] == ["gpu=yes", "gpu=yes"]
+    # Metadata only, as kubectl asks for it (no spec, status or image list of every node).
+    assert all(q.accept.split(",")[0] == "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+               and q.status == 200 for q in lists)
+    server.edit_node("gpu-2", release, manager="robustd-k8s")  # that node released: room again
     clock.t += 61
     r.step(table(XID))
     assert server.node(NODE)["spec"].get("unschedulable") is True
@@ -253,3 +269,101 @@ def test_unknown_node_is_an_error_retried_slowly(server: KubeAPIServer, tmp_path
     assert r.step(table(XID)) == 30.0
     assert 'nodes "no-such-node" not found' in caplog.text and "not a hardware verdict" in caplog.text
     assert [q.status for q in server.log] == [404]
+
+
+class _RpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def pb_cond(c: Cond) -> pb.Condition:
+    return pb.Condition(component=c.component, code=c.code, severity=int(c.severity), action=int(c.action), seq=c.seq)
+
+
+def listed_events(server: KubeAPIServer, tmp: Path) -> list[tuple[str, str, str]]:
+    """The Events as `kubectl get events` shows them: read with the official client."""
+    core = client.CoreV1Api(api_client(str(server.kubeconfig(tmp / "reader.kc"))))
+    items = core.list_namespaced_event("default").items
+    return sorted((e.type, e.reason, e.message) for e in items if e.involved_object.name == NODE)
+
+
+def test_events_for_a_fault_standing_at_start_a_severity_change_and_a_pruned_span(server: KubeAPIServer,
+                                                                                 tmp_path: Path) -> None:
+    """A first start posts the faults already standing; an UPDATED that changes severity (a mere repeat does not)
+    is posted; after an OUT_OF_RANGE the new snapshot's differences are posted, with an EventsSkipped saying so."""
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}/state\nlisten: {{unix: {tmp_path}/none.sock}}\nk8s: {{node_name: {NODE}}}\n")
+    clock = Clock()
+    kube = Kube(api_client(str(server.kubeconfig(tmp_path / "kc"))), 2.0)
+    agent = Agent(load_settings(str(cfg), SCHEMA), kube, clock=clock)
+    warn = Cond(XID.component, "XID_79", Severity.WARNING, Action.REBOOT, 5)
+    agent._sync(pb.Verdict(seq=5, conditions=[pb_cond(warn)]))  # the first start: the fault stands already
+    agent.reconciler.step(agent.table)
+    raised = ("Warning", "XID_79", f"XID_79 raised on {XID.component}: WARNING, action REBOOT")
+    assert listed_events(server, tmp_path) == [raised]
+
+    repeat = pb.Event(seq=6, kind=pb.EVENT_KIND_UPDATED, condition=pb_cond(replace(warn, seq=6)))
+    worse = pb.Event(seq=7, kind=pb.EVENT_KIND_UPDATED,
+                     condition=pb_cond(replace(warn, severity=Severity.CRITICAL, seq=7)))
+    for ev in (repeat, worse):
+        agent._handle("event", ev, None)
+    agent.reconciler.step(agent.table)
+    updated = ("Warning", "XID_79", f"XID_79 updated on {XID.component}: WARNING -> CRITICAL, action REBOOT")
+    assert listed_events(server, tmp_path) == [raised, updated]
+
+    stream = object()
+    agent.stream = stream  # type: ignore[assignment]
+    agent._handle("error", _RpcError(grpc.StatusCode.OUT_OF_RANGE, "events after seq 7 up to 12 are past retention; "
+                                     "re-snapshot with from_seq=0"), stream)
+    assert agent.table is None
+    agent._sync(pb.Verdict(seq=20, conditions=[pb_cond(replace(LINK, seq=15))]))  # XID cleared, LINK raised
+    agent.reconciler.step(agent.table)
+    skipped = ("Normal", "EventsSkipped", "robustd-k8s could not read robustd's events after seq 7 (events after "
+               "seq 7 up to 12 are past retention); 2 Events for what changed up to seq 20 come from a new snapshot: "
+               "a fault raised and cleared in between has none")
+    assert listed_events(server, tmp_path) == sorted([
+        raised, updated, skipped, ("Normal", "XID_79", f"XID_79 cleared on {XID.component}"),
+        ("Warning", "NIC_LINK_DOWN", "NIC_LINK_DOWN raised on nic/eth0: WARNING, action NONE")])
+    assert agent.state.events_seq == 20 and not agent.state.pending
+
+    again = Agent(load_settings(str(cfg), SCHEMA), kube, clock=clock)  # a restart that lost its state file
+    again._sync(pb.Verdict(seq=20, conditions=[pb_cond(replace(LINK, seq=15))]))
+    again.reconciler.step(again.table)
+    assert len(listed_events(server, tmp_path)) == 5  # the standing fault's Event is the one posted already
+
+
+def test_release_keeps_a_cordon_another_manager_made_after_robustds(server: KubeAPIServer, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """robustd cordons; an operator then uncordons and cordons again (`kubectl uncordon; kubectl cordon`, field
+    manager kubectl-cordon); the fault clears: robustd takes its taint and annotations off, the cordon stays."""
+    caplog.set_level(logging.INFO, "robustd.k8s")
+    clock = Clock()
+    r = reconciler(server, tmp_path, clock, quarantine={"actions": ["REBOOT"], "release_after": "1m",
+                                                        "max_fraction": 1.0})
+    r.step(table(XID))
+    node = client.CoreV1Api(api_client(str(server.kubeconfig(tmp_path / "op.kc")))).read_node(NODE)
+    assert node.spec.unschedulable is True
+    owner = [m.manager for m in node.metadata.managed_fields if "f:unschedulable" in (m.fields_v1 or {}).get(
+        "f:spec", {})]
+    assert owner == ["robustd-k8s"]  # robustd-k8s names itself on every write
+    writes = server.requests("PATCH", f"/nodes/{NODE}") + server.requests("POST", "/events")
+    assert writes and all(q.query.get("fieldManager") == "robustd-k8s" for q in writes)
+
+    kubectl = client.CoreV1Api(api_client(str(server.kubeconfig(tmp_path / "kubectl.kc"))))
+    for value in (None, True):
+        kubectl.patch_node(NODE, {"spec": {"unschedulable": value}}, field_manager="kubectl-cordon",
+                           _content_type=SMP)
+    r.step(table())
+    clock.t += 61
+    r.step(table())
+    node = kubectl.read_node(NODE)
+    assert node.spec.unschedulable is True and not node.spec.taints  # the operator's cordon stays; robustd's taint goes
+    assert not node.metadata.annotations
+    assert "(only the taint: spec.unschedulable is kubectl-cordon's now, not robustd-k8s's" in caplog.text
+    assert r.state.quarantine is None

@@ -3,6 +3,7 @@ talks to it (if the stand-in drifted from the real server, the agent's tests wou
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterator
 
@@ -147,3 +148,56 @@ def test_events_create_conflict_and_patch(server: KubeAPIServer, tmp_path: Path)
     with pytest.raises(ApiException) as e:
         api.patch_namespaced_event("gone", "default", {"count": 2}, _content_type=SMP)
     assert e.value.status == 404
+
+
+def test_managed_fields_follow_each_managers_writes(server: KubeAPIServer, tmp_path: Path) -> None:
+    """As the real server keeps them: a manager per field set (fieldManager, else the User-Agent's first word),
+    operation Update, the status subresource apart; a changed field changes hands, an unchanged one does not, a
+    removed one belongs to no one."""
+    api = core(server, tmp_path)
+
+    def managers() -> dict[tuple[str, str], dict]:
+        return {(m.manager, m.subresource or ""): m.fields_v1 for m in api.read_node(NODE).metadata.managed_fields}
+
+    assert managers()[("kubelet", "")]["f:status"]["f:conditions"]['k:{"type":"Ready"}']["."] == {}
+    api.patch_node(NODE, {"spec": {"unschedulable": True}}, field_manager="kubectl-cordon", _content_type=SMP)
+    assert managers()[("kubectl-cordon", "")] == {"f:spec": {"f:unschedulable": {}}}
+    entry = next(m for m in api.read_node(NODE).metadata.managed_fields if m.manager == "kubectl-cordon")
+    assert entry.operation == "Update" and entry.api_version == "v1" and entry.fields_type == "FieldsV1"
+    api.patch_node(NODE, {"spec": {"unschedulable": True, "taints": [{"key": "a", "effect": "NoSchedule"}]}},
+                   field_manager="robustd-k8s", _content_type=MERGE)
+    got = managers()
+    assert got[("robustd-k8s", "")] == {"f:spec": {"f:taints": {}}}  # unschedulable was written unchanged
+    assert got[("kubectl-cordon", "")] == {"f:spec": {"f:unschedulable": {}}}
+    api.patch_node_status(NODE, {"status": {"conditions": [{"type": "A", "status": "True"}]}},
+                          field_manager="robustd-k8s", _content_type=SMP)
+    assert managers()[("robustd-k8s", "status")] == {"f:status": {"f:conditions": {'k:{"type":"A"}': {
+        ".": {}, "f:status": {}, "f:type": {}}}}}
+    api.patch_node(NODE, {"spec": {"unschedulable": None}}, field_manager="kubectl-cordon", _content_type=SMP)
+    assert ("kubectl-cordon", "") not in managers()  # it removed its only field
+    api.patch_node(NODE, {"spec": {"unschedulable": True}}, _content_type=SMP)  # no fieldManager: the User-Agent's
+    assert managers()[("OpenAPI-Generator", "")] == {"f:spec": {"f:unschedulable": {}}}
+    assert server.requests("PATCH")[-1].field_manager == "OpenAPI-Generator"
+    with pytest.raises(ApiException) as e:
+        api.patch_node(NODE, {"spec": {"unschedulable": False}}, field_manager="x" * 129, _content_type=SMP)
+    assert e.value.status == 422
+
+
+def test_a_node_list_in_metadata_only(server: KubeAPIServer, tmp_path: Path) -> None:
+    """The Accept header kubectl sends for metadata: a PartialObjectMetadataList, items with only metadata."""
+    server.add_node("n2", labels={"gpu": "yes"}, annotations={"a": "1"})
+    api = core(server, tmp_path)
+    meta = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+    resp = api.list_node(label_selector="gpu=yes", _preload_content=False,
+                         _headers={"Accept": f"{meta},application/json"})
+    body = json.loads(resp.read())
+    assert (body["kind"], body["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    (item,) = body["items"]
+    assert set(item) == {"kind", "apiVersion", "metadata"} and item["kind"] == "PartialObjectMetadata"
+    assert item["metadata"]["name"] == "n2" and item["metadata"]["annotations"] == {"a": "1"}
+    assert [n.metadata.name for n in api.list_node().items] == [NODE, "n2"]  # the default: whole Nodes
+    assert api.list_node().items[0].status.node_info.kubelet_version == "v1.34.0"
+    with pytest.raises(ApiException) as e:
+        api.list_node(_headers={"Accept": "application/json;as=Table;g=meta.k8s.io;v=v1"})
+    assert e.value.status == 406
+    assert server.requests("GET")[0].accept == f"{meta},application/json"

@@ -11,6 +11,9 @@ What it keeps, as the real server does:
   carries `metadata.resourceVersion`, must name the current resourceVersion: a stale one is 409 Conflict.
   Every change bumps the resourceVersion. Malformed conditions or taints are 422, as validation makes them.
 - Events: create (409 AlreadyExists for a taken name), patch, list, in namespaces.
+- A node list in metadata only, as kubectl asks for it (`Accept: application/json;as=PartialObjectMetadataList;
+  g=meta.k8s.io;v=v1`, with fallbacks after a comma): kind PartialObjectMetadataList, apiVersion meta.k8s.io/v1,
+  items of kind PartialObjectMetadata holding only `metadata`; 406 for an Accept it cannot serve.
 - 404 for an unknown node or event, 401 for an unknown token, 403 for a token without the verb on the
   resource (RBAC is modelled as a set of (verb, resource) pairs per token), 415 for an unknown patch type,
   413 for a body over 1 MiB. Errors are `Status` objects like the real ones.
@@ -20,6 +23,13 @@ What it keeps, as the real server does:
   controller's write between our GET and our write would be (so a write naming the old resourceVersion
   meets a 409).
 - A request log: method, path, query, content type, parsed body, answer status, RBAC verb and resource.
+- metadata.managedFields on nodes and events: one entry per manager (the `fieldManager` query parameter of a
+  POST, PUT or PATCH, else the User-Agent up to its first `/`, as the server derives it; 422 past 128
+  characters), operation Update, `subresource: status` for a write of `/status`, fieldsType FieldsV1. A
+  write takes the fields whose value it changed (not those it wrote unchanged) from every other manager; a
+  field it removed belongs to no one; a manager left with no field is dropped. Lists with a merge key
+  (`status.conditions` by `type`) are owned item by item (`k:{"type":"X"}`, with `.` for the item), other
+  lists (`spec.taints`) whole. A `managedFields` in a request body is ignored.
 """
 
 from __future__ import annotations
@@ -67,6 +77,8 @@ class Request:
     verb: str = ""
     resource: str = ""
     status: int = 0
+    field_manager: str = ""
+    accept: str = ""
 
 
 @dataclass
@@ -170,6 +182,99 @@ def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
+_UNMANAGED = ("resourceVersion", "managedFields", "uid", "creationTimestamp", "generation", "name", "namespace")
+
+
+def _field_leaves(obj: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """An object's fields as FieldsV1 paths (`f:spec`, `f:unschedulable`; `k:{"type":"Ready"}` for an item of a
+    list with a merge key, `.` for the item itself), each with its value."""
+    out: dict[tuple[str, ...], Any] = {}
+    if not isinstance(obj, dict):
+        return out
+    for k, v in obj.items():
+        if (not path and k in ("apiVersion", "kind")) or (path == ("f:metadata",) and k in _UNMANAGED):
+            continue
+        p = (*path, f"f:{k}")
+        key = MERGE_KEYS.get(tuple(x[2:] for x in p)) if all(x.startswith("f:") for x in p) else None
+        if key is not None and isinstance(v, list):
+            for item in v:
+                if isinstance(item, dict) and key in item:
+                    ip = (*p, "k:" + json.dumps({key: item[key]}, separators=(",", ":")))
+                    out[(*ip, ".")] = True
+                    out.update(_field_leaves(item, ip))
+        elif isinstance(v, dict) and v:
+            out.update(_field_leaves(v, p))
+        else:
+            out[p] = copy.deepcopy(v)
+    return out
+
+
+def _fields_paths(tree: Any, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    if not isinstance(tree, dict) or not tree:
+        return {path} if path else set()
+    return set().union(*(_fields_paths(v, (*path, k)) for k, v in tree.items()))
+
+
+def _fields_tree(paths: set[tuple[str, ...]]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for p in sorted(paths):
+        at = tree
+        for part in p:
+            at = at.setdefault(part, {})
+    return tree
+
+
+def _overlaps(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    n = min(len(a), len(b))
+    return a[:n] == b[:n]
+
+
+def managed_fields(old: dict[str, Any] | None, new: dict[str, Any], manager: str,
+                   subresource: str = "") -> list[dict[str, Any]]:
+    """`new`'s metadata.managedFields after `manager` wrote it over `old` (an Update, as the server keeps them)."""
+    entries = copy.deepcopy(((old or {}).get("metadata") or {}).get("managedFields") or [])
+    before, after = _field_leaves(old or {}), _field_leaves(new)
+    missing = object()
+    changed = {p for p, v in after.items() if before.get(p, missing) != v}
+    removed = set(before) - set(after)
+    mine = next((e for e in entries if e.get("manager") == manager and e.get("operation") == "Update"
+                 and e.get("subresource", "") == subresource), None)
+    if mine is None and changed:
+        mine = {"manager": manager, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                "fieldsV1": {}, **({"subresource": subresource} if subresource else {})}
+        entries.append(mine)
+    kept = []
+    for e in entries:
+        paths = {q for q in _fields_paths(e.get("fieldsV1") or {})
+                 if not any(_overlaps(q, p) for p in removed) and (e is mine or not any(_overlaps(q, p)
+                                                                                       for p in changed))}
+        if e is mine:
+            paths |= changed
+            if changed:
+                e["time"] = now_rfc3339()
+        if paths:
+            e["fieldsV1"] = _fields_tree(paths)
+            kept.append(e)
+    return kept
+
+
+def _accepts(accept: str) -> str:
+    """What a list answers for this Accept header, as the server negotiates it: the first media range it can
+    serve, "metadata" (a PartialObjectMetadataList) or "object" (the whole list); 406 when none."""
+    for media in (accept or "application/json").split(","):
+        kind, *params = [x.strip() for x in media.split(";")]
+        opts = dict(p.split("=", 1) for p in params if "=" in p)
+        if kind not in ("application/json", "application/*", "*/*"):
+            continue
+        if "as" not in opts:
+            return "object"
+        if (opts.get("as"), opts.get("g"), opts.get("v")) == ("PartialObjectMetadataList", "meta.k8s.io", "v1"):
+            return "metadata"
+    raise HTTPError(406, "NotAcceptable", f"only the following media types are accepted: application/json, "
+                                          f"application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1 "
+                                          f"(asked: {accept[:200]})")
+
+
 def _validate_node(node: dict[str, Any]) -> None:
     for c in (node.get("status") or {}).get("conditions") or []:
         if not c.get("type") or c.get("status") not in ("True", "False", "Unknown"):
@@ -263,17 +368,26 @@ class KubeAPIServer:
                                         "machineID": f"machine-{name}", "operatingSystem": "linux",
                                         "osImage": "Debian GNU/Linux 12 (bookworm)", "systemUUID": f"uuid-{name}"},
                            "futureField": {"kept": True}}}  # a field this client version does not know
+            node = self.state.nodes[name]
+            node["metadata"]["managedFields"] = managed_fields(None, node, "kubelet")
 
     def node(self, name: str) -> dict[str, Any]:
         with self.lock:
             return copy.deepcopy(self.state.nodes[name])
 
-    def edit_node(self, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
-        """Another actor's write (an operator's kubectl): applied now, with a new resourceVersion."""
+    def edit_node(self, name: str, fn: Callable[[dict[str, Any]], None], manager: str = "kubectl-edit") -> None:
+        """Another actor's write (an operator's kubectl, as field manager `manager`): applied now, with a new
+        resourceVersion."""
         with self.lock:
-            fn(self.state.nodes[name])
-            self.state.rv += 1
-            self.state.nodes[name]["metadata"]["resourceVersion"] = str(self.state.rv)
+            self._write_by(name, fn, manager)
+
+    def _write_by(self, name: str, fn: Callable[[dict[str, Any]], None], manager: str) -> None:
+        old = copy.deepcopy(self.state.nodes[name])
+        fn(self.state.nodes[name])
+        self.state.rv += 1
+        node = self.state.nodes[name]
+        node["metadata"]["resourceVersion"] = str(self.state.rv)
+        node["metadata"]["managedFields"] = managed_fields(old, node, manager)
 
     def condition(self, node: str, ctype: str) -> dict[str, Any] | None:
         for c in self.node(node)["status"].get("conditions") or []:
@@ -309,7 +423,8 @@ class KubeAPIServer:
 
     def on_next_write(self, name: str, fn: Callable[[dict[str, Any]], None]) -> None:
         """Just before the next PUT or PATCH of node `name` (not its status), another writer changes it (fn on
-        the stored node, with a new resourceVersion), as a controller writing between our GET and our write."""
+        the stored node, with a new resourceVersion, as field manager `another-controller`), as a controller
+        writing between our GET and our write."""
         with self.lock:
             self.before_write[name] = fn
 
@@ -370,6 +485,11 @@ class KubeAPIServer:
                 sel = req.query.get("labelSelector", "")
                 items = [copy.deepcopy(n) for n in self.state.nodes.values()
                          if _selector_matches(sel, n["metadata"].get("labels") or {})]
+                if _accepts(req.accept) == "metadata":
+                    return 200, {"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+                                 "metadata": {"resourceVersion": str(self.state.rv)},
+                                 "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                                            "metadata": n["metadata"]} for n in items]}
                 return 200, {"apiVersion": "v1", "kind": "NodeList",
                              "metadata": {"resourceVersion": str(self.state.rv)}, "items": items}
             if name not in self.state.nodes:
@@ -377,10 +497,7 @@ class KubeAPIServer:
             if req.method == "GET":
                 return 200, copy.deepcopy(self.state.nodes[name])
             if req.method in ("PUT", "PATCH") and not status and name in self.before_write:
-                fn = self.before_write.pop(name)
-                fn(self.state.nodes[name])
-                self.state.rv += 1
-                self.state.nodes[name]["metadata"]["resourceVersion"] = str(self.state.rv)
+                self._write_by(name, self.before_write.pop(name), "another-controller")
             current = self.state.nodes[name]
             if req.method == "PATCH":
                 new = self._patched(req, current, f'nodes "{name}"')
@@ -399,7 +516,10 @@ class KubeAPIServer:
                     new.setdefault("metadata", {})[k] = current["metadata"][k]
             _validate_node(new)
             new["metadata"]["name"] = name
+            new["metadata"]["managedFields"] = copy.deepcopy(current["metadata"].get("managedFields") or [])
             if new != current:
+                new["metadata"]["managedFields"] = managed_fields(current, new, req.field_manager,
+                                                                  "status" if status else "")
                 self.state.rv += 1
                 new["metadata"]["resourceVersion"] = str(self.state.rv)
                 self.state.nodes[name] = new
@@ -460,6 +580,7 @@ class KubeAPIServer:
                 self.state.rv += 1
                 ev = copy.deepcopy(ev)
                 ev["metadata"].update(namespace=ns, resourceVersion=str(self.state.rv))
+                ev["metadata"]["managedFields"] = managed_fields(None, ev, req.field_manager)
                 self.state.events[key] = ev
                 return 201, copy.deepcopy(ev)
             if name is None or (ns, name) not in self.state.events:
@@ -469,6 +590,7 @@ class KubeAPIServer:
             if req.method == "PATCH":
                 cur = self.state.events[(ns, name)]
                 new = self._patched(req, cur, f'events "{name}"')
+                new["metadata"]["managedFields"] = managed_fields(cur, new, req.field_manager)
                 self.state.rv += 1
                 new["metadata"]["resourceVersion"] = str(self.state.rv)
                 self.state.events[(ns, name)] = new
@@ -488,8 +610,14 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(urllib.parse.parse_qsl(url.query))
         auth = self.headers.get("Authorization", "")
         req = Request(self.command, url.path, query, self.headers.get("Content-Type", ""), None,
-                      auth.removeprefix("Bearer ").strip())
+                      auth.removeprefix("Bearer ").strip(), accept=self.headers.get("Accept", ""))
+        # The server's default manager: the User-Agent up to its first `/` ("OpenAPI-Generator" for this client).
+        req.field_manager = query.get("fieldManager") or self.headers.get("User-Agent", "").split("/")[0][:128]
         try:
+            if len(req.field_manager) > 128 or not req.field_manager.isprintable():
+                raise HTTPError(422, "Invalid", "metadata.managedFields.manager: Too long: may not be more than 128 "
+                                                "bytes" if len(req.field_manager) > 128 else
+                                "metadata.managedFields.manager: Invalid value: not printable")
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
                 raise HTTPError(413, "RequestEntityTooLarge", "the request is too large")

@@ -8,7 +8,8 @@ Watch thread, resuming after the seq saved in its state file, so after a restart
 nothing is missed and nothing is posted twice. Each turn the reconciler (reconciler.py) brings the
 Node toward the table: conditions, Events, quarantine. While robustd cannot be reached nothing is
 decided; after three heartbeats without it robustd's conditions become Unknown. Exit status: 0 after
-SIGTERM/SIGINT, 1 for a bad config or an unusable kubeconfig.
+SIGTERM/SIGINT, 78 (EX_CONFIG) for a bad config (with or without --check-config: the unit does not restart
+on it), 1 for an unusable kubeconfig (a service account token may yet be mounted: worth a restart).
 
 It acts only on its current view: after a (re)connect the events robustd logged meanwhile are replayed
 for their Events, but nothing else is decided until the table has caught up with the verdict read at
@@ -31,8 +32,11 @@ import threading
 import time
 from typing import Any, Callable
 
+import grpc
+
 from robustd import __version__
 from robustd.adapters.common import client
+from robustd.adapters.common.config import EXIT_CONFIG
 from robustd.adapters.common.model import CLEARED, Table
 from robustd.adapters.common.watch import WatchAgent, WatchStream, agent_parser, start
 from robustd.adapters.k8s import families
@@ -77,6 +81,7 @@ class Agent(WatchAgent):
         self.saved_seq = -1
         self.last_save = 0.0
         self._last_error = ""
+        self.gap: tuple[Table, str] | None = None  # the table an OUT_OF_RANGE dropped, and why
         self.config_path: str = settings.source
         self.reload_requested = False
         self.current_from = 0  # the verdict's seq read at connect: decided on once the table has reached it
@@ -192,15 +197,19 @@ class Agent(WatchAgent):
                 else:
                     self.state.seen[news_key(cond)] = _seconds(item.at) or self.clock()
             if applied and seq > self.state.events_seq:
-                spec = families.event_for(int(item.kind), prev if int(item.kind) == CLEARED and prev else cond, seq)
+                kind_ = int(item.kind)
+                spec = families.event_for(kind_, prev if kind_ == CLEARED and prev else cond, seq, prev)
                 if spec is not None:
                     self.reconciler.queue(spec)
             return
         if source is not self.stream:
             return
         self.unreachable_since = self.clock()
+        before = self.table
         self._stream_lost(kind, item, f"node {self.node}: robustd unreachable",
-                          " (Events for the changes in between are not posted; the conditions are right)")
+                          " (the new snapshot's Events stand for the changes in between)")
+        if self.table is None and before is not None:  # OUT_OF_RANGE: the next snapshot is told against it
+            self.gap = (before, str(item.details() or "").split(";")[0] if isinstance(item, grpc.RpcError) else "")
 
     def _connect(self) -> None:
         v = self._open_watch(f"its conditions become Unknown after {UNKNOWN_AFTER} heartbeats")
@@ -212,8 +221,13 @@ class Agent(WatchAgent):
         self.notifier.status(f"node {self.node}: watching robustd")
 
     def _sync(self, v: pb.Verdict) -> bool:
-        """As every adapter does; a new snapshot also marks its conditions as already posted as Events. The
-        time of each condition's news is its last sighting (a snapshot's), unless a Watch event said later."""
+        """As every adapter does; a new snapshot also queues the Events the Watch events it stands for would
+        have had: against the table before it (after an OUT_OF_RANGE or a reset of robustd's log, with an
+        EventsSkipped Event saying so), or every standing condition at a first start. The time of each
+        condition's news is its last sighting (a snapshot's), unless a Watch event said later."""
+        before, why = self.gap or (self.table, "")
+        if self.table is not None and v.seq < self.table.seq:
+            why = f"robustd's event log was reset: its newest seq {v.seq} is below {self.table.seq}"
         fresh = super()._sync(v)
         if fresh:
             self.state.seen = {}
@@ -221,6 +235,15 @@ class Agent(WatchAgent):
             self.state.seen.setdefault(news_key(client.cond(c)), _seconds(c.last_seen) or self.clock())
         if not fresh:
             return False
+        self.gap = None
+        assert self.table is not None
+        specs = families.snapshot_events(before.conditions.values() if before else None,
+                                         self.table.conditions.values(), int(v.seq))
+        if before is not None:
+            specs.append(families.skipped_event(before.seq, int(v.seq), why or "robustd no longer has them",
+                                                len(specs)))
+        for spec in specs:
+            self.reconciler.queue(spec)
         self.state.events_seq = max(self.state.events_seq, int(v.seq))
         return True
 
@@ -310,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = start("robustd-k8s", args.config, SCHEMA)
     if settings is None:
-        return 1
+        return EXIT_CONFIG
     cfg: K8sConfig = settings.section("k8s")
     if args.check_config:
         print(f"{settings.source}: config OK (Node {node_name(cfg)}, state {state_path(settings)})")

@@ -9,9 +9,11 @@ Kubernetes' own conditions (Ready, MemoryPressure, ...) are never produced here:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Iterable
 
-from robustd.adapters.common.model import CLEARED, RAISED, Cond
+from robustd.adapters.common.model import CLEARED, RAISED, UPDATED, Cond
 from robustd.adapters.k8s.config import K8sConfig
 from robustd.model import Severity
 
@@ -43,6 +45,8 @@ class EventSpec:
     type: str  # Warning | Normal
     reason: str
     message: str
+    # Set when `seq` alone does not name the Event: several from one snapshot share its seq.
+    tag: str = ""
 
 
 def family(component: str, code: str) -> str:
@@ -108,14 +112,52 @@ def unknown(cfg: K8sConfig, why: str) -> list[NodeCondition]:
     return [NodeCondition(cfg.condition_prefix + fam, "Unknown", UNREACHABLE, _clip(why)) for fam in FAMILIES]
 
 
-def event_for(kind: int, c: Cond, seq: int) -> EventSpec | None:
-    """The Event for a RAISED or CLEARED robustd event at or above WARNING; None for the rest."""
-    if kind not in (RAISED, CLEARED) or c.severity < Severity.WARNING:
+def event_for(kind: int, c: Cond, seq: int, prev: Cond | None = None) -> EventSpec | None:
+    """The Event for a robustd event at or above WARNING; None for the rest. An UPDATED one (`prev`: the
+    condition before it) has an Event only when its severity or action changed, not for a mere repeat."""
+    if kind == UPDATED and prev is not None:
+        if (prev.severity, prev.action) == (c.severity, c.action) or max(prev.severity, c.severity) < Severity.WARNING:
+            return None
+        action = c.action.name if prev.action == c.action else f"{prev.action.name} -> {c.action.name}"
+        return EventSpec(seq, "Warning" if c.severity >= Severity.WARNING else "Normal", c.code[:MAX_REASON],
+                         _clip(f"{c.code} updated on {c.component}: {prev.severity.name} -> {c.severity.name}, "
+                               f"action {action}"))
+    if kind not in (RAISED, UPDATED, CLEARED) or c.severity < Severity.WARNING:
         return None
-    if kind == RAISED:
+    if kind != CLEARED:  # an UPDATED of a condition not seen before is news of it
         return EventSpec(seq, "Warning", c.code[:MAX_REASON],
                          _clip(f"{c.code} raised on {c.component}: {c.severity.name}, action {c.action.name}"))
     return EventSpec(seq, "Normal", c.code[:MAX_REASON], _clip(f"{c.code} cleared on {c.component}"))
+
+
+def snapshot_events(before: Iterable[Cond] | None, after: Iterable[Cond], seq: int) -> list[EventSpec]:
+    """The Events for what a new snapshot (GetVerdict at `seq`) says against the table before it, as the
+    Watch events in between would have had them: raised, changed, cleared. `before` None is a first start:
+    every standing condition is news. A raised or changed condition's Event carries its own seq (so a
+    restart that lost the state file finds it posted already); a cleared one, whose clearing seq the
+    snapshot does not tell, the snapshot's seq and a tag of its own."""
+    old = {c.key: c for c in before or ()}
+    new = {c.key: c for c in after}
+    out: list[EventSpec] = []
+    for key, c in sorted(new.items(), key=lambda kv: kv[1].seq):
+        prev = old.get(key)
+        spec = event_for(RAISED, c, c.seq) if prev is None else event_for(UPDATED, c, c.seq, prev)
+        if spec is not None:
+            out.append(spec)
+    for key, c in old.items():
+        spec = None if key in new else event_for(CLEARED, c, seq)
+        if spec is not None:
+            tag = hashlib.sha256(f"{c.component}\0{c.code}".encode()).hexdigest()[:12]
+            out.append(EventSpec(seq, spec.type, spec.reason, spec.message, tag=tag))
+    return out
+
+
+def skipped_event(after_seq: int, seq: int, why: str, posted: int) -> EventSpec:
+    """The Event that says robustd-k8s could not read robustd's events after `after_seq` (`why`), and that the
+    `posted` Events from the new snapshot at `seq` stand in for them: a fault raised and cleared in between has none."""
+    return EventSpec(seq, "Normal", "EventsSkipped", _clip(
+        f"robustd-k8s could not read robustd's events after seq {after_seq} ({why}); {posted} Events for what changed "
+        f"up to seq {seq} come from a new snapshot: a fault raised and cleared in between has none"), tag="skipped")
 
 
 def quarantine_for(conditions: list[Cond], cfg: K8sConfig) -> Cond | None:

@@ -20,10 +20,14 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-MAX_RESPONSE = 64 << 20  # a Node can be large (its image list); a page of a node list larger still
+MAX_RESPONSE = 64 << 20  # a Node can be large (its image list); a page of node metadata is far smaller
 SMP = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 LIST_PAGE = 500
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"  # a list of metadata only
+# Every write names this field manager, so the Node's managedFields tell robustd-k8s's fields from another
+# actor's (a `kubectl cordon` is `kubectl-cordon`): the release uncordons only a cordon still robustd-k8s's.
+FIELD_MANAGER = "robustd-k8s"
 MAX_PAGES = 100  # 50,000 nodes
 
 
@@ -96,6 +100,19 @@ def _classify(e: ApiException, what: str) -> KubeError:
     return Refused(text, status)
 
 
+def field_owners(obj: dict[str, Any], *path: str) -> list[str]:
+    """The field managers whose metadata.managedFields hold the field at `path` (e.g. "spec", "unschedulable"),
+    in the server's order; [] when none does (or the server keeps no managed fields)."""
+    owners = []
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        tree = entry.get("fieldsV1") if isinstance(entry, dict) else None
+        for part in path:
+            tree = tree.get(f"f:{part}") if isinstance(tree, dict) else None
+        if tree is not None and entry.get("manager"):
+            owners.append(str(entry["manager"])[:128])
+    return owners
+
+
 class Kube:
     """The calls robustd-k8s makes; each returns the server's answer as a dict or raises a KubeError."""
 
@@ -133,7 +150,8 @@ class Kube:
 
     def patch_node_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A strategic merge patch of the status subresource (conditions merge by `type`)."""
-        return self._call(f"patch node {name} status", self.core.patch_node_status, name, patch, _content_type=SMP)
+        return self._call(f"patch node {name} status", self.core.patch_node_status, name, patch, _content_type=SMP,
+                          field_manager=FIELD_MANAGER)
 
     def patch_node_if_unchanged(self, name: str, patch: dict[str, Any], resource_version: str) -> dict[str, Any]:
         """A JSON merge patch that carries the resourceVersion read: Conflict if someone wrote the node since.
@@ -142,19 +160,24 @@ class Kube:
         whole list is written) without a PUT of the whole Node: this client checks a PUT body against its
         own model and refuses fields it does not know, which a newer API server may well return."""
         body = {**patch, "metadata": {**(patch.get("metadata") or {}), "resourceVersion": resource_version}}
-        return self._call(f"update node {name}", self.core.patch_node, name, body, _content_type=MERGE)
+        return self._call(f"update node {name}", self.core.patch_node, name, body, _content_type=MERGE,
+                          field_manager=FIELD_MANAGER)
 
-    def list_nodes(self, selector: str) -> list[dict[str, Any]]:
+    def list_node_metadata(self, selector: str) -> list[dict[str, Any]]:
+        """The metadata of every node matching `selector` (labels, annotations; no spec, no status, no image
+        list), as kubectl asks for it: a PartialObjectMetadataList, paged. A server that answers a whole
+        NodeList instead (the Accept header's fallback) gives the same metadata."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         for _ in range(MAX_PAGES):
-            kwargs: dict[str, Any] = {"limit": LIST_PAGE}
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE, "_headers": {"Accept": f"{METADATA_LIST},application/json"}}
             if selector:
                 kwargs["label_selector"] = selector
             if token:
                 kwargs["_continue"] = token
             page = self._call("list nodes", self.core.list_node, **kwargs)
-            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            items.extend(i["metadata"] for i in page.get("items") or []
+                         if isinstance(i, dict) and isinstance(i.get("metadata"), dict))
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
@@ -162,8 +185,9 @@ class Kube:
 
     def create_event(self, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
         return self._call(f"create event in {namespace}", self.core.create_namespaced_event, namespace, event,
+                          field_manager=FIELD_MANAGER,
                           _headers={"Content-Type": "application/json"})  # this client version sets none for a POST
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         return self._call(f"patch event {namespace}/{name}", self.core.patch_namespaced_event, name, namespace,
-                          patch, _content_type=SMP)
+                          patch, _content_type=SMP, field_manager=FIELD_MANAGER)

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from robustd.adapters.common.model import Cond, Table
 from robustd.adapters.k8s import families
+from robustd.adapters.k8s import kube as k8s_api
 from robustd.adapters.k8s.config import K8sConfig
 from robustd.adapters.k8s.families import EventSpec, NodeCondition
 from robustd.adapters.k8s.kube import AlreadyExists, Conflict, Kube, KubeError, NotFound, Refused, Transient
@@ -69,8 +70,10 @@ def news_key(c: Cond) -> str:
     return f"{c.component}|{c.code}"
 
 
-def has_taint(node: dict[str, Any]) -> bool:
-    return any(t.get("key") == TAINT_KEY for t in (node.get("spec") or {}).get("taints") or [])
+def quarantined_by_robustd(meta: dict[str, Any]) -> bool:
+    """Whether a node's metadata says robustd holds its quarantine (the annotation its cordon writes with the
+    taint, and its release removes with it): what the breaker counts from a metadata-only list."""
+    return ((meta.get("annotations") or {}).get(CORDONED_BY)) == OWNER
 
 
 @dataclass(eq=False)
@@ -263,7 +266,7 @@ class Reconciler:
             except NotFound:
                 pass  # the server let it expire (its event TTL): a new one
         name = f"{self.node}.robustd.{spec.seq:x}.{int(now * 1000):x}" if spec.seq == 0 else \
-            f"{self.node}.robustd.{spec.seq:x}"
+            f"{self.node}.robustd.{spec.seq:x}" + (f".{spec.tag}" if spec.tag else "")
         event = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"name": name, "namespace": ns},
                  "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self.node},
@@ -318,17 +321,17 @@ class Reconciler:
         return True
 
     def _breaker_allows(self, q: Cond, now: float) -> bool:
-        nodes = self.kube.list_nodes(self.cfg.quarantine.node_selector)
+        nodes = self.kube.list_node_metadata(self.cfg.quarantine.node_selector)
         total = len(nodes)
-        held = sum(1 for n in nodes if has_taint(n) and (n.get("metadata") or {}).get("name") != self.node)
+        held = sum(1 for m in nodes if quarantined_by_robustd(m) and m.get("name") != self.node)
         allowance = max(1, math.floor(self.cfg.quarantine.max_fraction * total))
         if held < allowance:
             return True
         self.breaker_at = now + BREAKER_RECHECK
         fault = f"{q.code} on {q.component}"
         if self.state.suppressed != fault:
-            text = (f"not quarantining for {fault} (action {q.action.name}): {held} of {total} nodes already carry "
-                    f"{TAINT_KEY} (allowance {allowance}, k8s.quarantine.max_fraction "
+            text = (f"not quarantining for {fault} (action {q.action.name}): {held} of {total} nodes are already "
+                    f"quarantined by robustd ({TAINT_KEY}) (allowance {allowance}, k8s.quarantine.max_fraction "
                     f"{self.cfg.quarantine.max_fraction:g})")
             log.warning("node %s: %s", self.node, text)
             self.queue(EventSpec(0, "Warning", "QuarantineSuppressed", families._clip(text)))
@@ -377,18 +380,30 @@ class Reconciler:
     def _release(self) -> None:
         held = self.state.quarantine
         assert held is not None
+        kept: list[str] = []  # why the cordon stays, when it does
 
         def change(node: dict[str, Any]) -> dict[str, Any] | None:
             spec = node.get("spec") or {}
             ann = (node.get("metadata") or {}).get("annotations") or {}
             taints = list(spec.get("taints") or [])
-            kept = [t for t in taints if t.get("key") != TAINT_KEY]
+            kept_taints = [t for t in taints if t.get("key") != TAINT_KEY]
             patch: dict[str, Any] = {}
-            if kept != taints:
-                patch.setdefault("spec", {})["taints"] = kept or None
+            if kept_taints != taints:
+                patch.setdefault("spec", {})["taints"] = kept_taints or None
             pre = held.pre_existing_cordon or ann.get(PRE_EXISTING) == "true"
-            if ann.get(CORDONED_BY) == OWNER and not pre and spec.get("unschedulable"):
-                patch.setdefault("spec", {})["unschedulable"] = None
+            # The cordon is robustd's to undo only while spec.unschedulable is still robustd-k8s's in the
+            # managed fields: someone who cordoned the node again since (`kubectl cordon` after an uncordon) keeps
+            # it. A server keeping no managed fields leaves the annotations to tell.
+            owners = k8s_api.field_owners(node, "spec", "unschedulable")
+            kept.clear()
+            if pre:
+                kept.append("someone else cordoned it first")
+            elif ann.get(CORDONED_BY) == OWNER and spec.get("unschedulable"):
+                if owners and k8s_api.FIELD_MANAGER not in owners:
+                    kept.append(f"spec.unschedulable is {', '.join(owners)}'s now, not {k8s_api.FIELD_MANAGER}'s: "
+                                "cordoned again after robustd did")
+                else:
+                    patch.setdefault("spec", {})["unschedulable"] = None
             drop = {k: None for k in (CORDONED_BY, PRE_EXISTING) if k in ann}
             if drop:
                 patch["metadata"] = {"annotations": drop}
@@ -399,8 +414,7 @@ class Reconciler:
         else:
             self._read_modify_put(change)
             self.decide("uncordon", f"uncordon {self.node}: robustd's verdict has been OK for "
-                        f"{self.cfg.quarantine.release_after:g}s" + (" (only the taint: someone else cordoned it "
-                                                                      "first)" if held.pre_existing_cordon else ""))
+                        f"{self.cfg.quarantine.release_after:g}s" + (f" (only the taint: {kept[0]})" if kept else ""))
         self.state.quarantine = None
         self.state.ok_since = None
         self.save()
