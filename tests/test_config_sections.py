@@ -69,13 +69,16 @@ def test_an_adapter_loads_its_config_without_importing_any_check(tmp_path: Path)
 
 
 def test_a_level_named_in_the_slurm_section_is_checked_against_this_files_levels(tmp_path: Path) -> None:
-    text = "diagnostics:\n  levels:\n    smoke: [all_to_all]\nslurm:\n  resume_check: quick\n"
+    # The file's levels merge over the built-in ones (issue 31): both kinds are known, any other name is not.
+    text = "diagnostics:\n  levels:\n    smoke: [all_to_all]\nslurm:\n  resume_check: burnin\n"
     for cmd in ("robustd", "robustd-slurm"):
         r = check_config(cmd, write(tmp_path, text))
         assert r.returncode == 1, r.stdout
-        assert ":5: slurm.resume_check: 'quick' is not a level in diagnostics.levels (known: smoke)" in r.stderr
-        ok = check_config(cmd, write(tmp_path, text.replace("quick", "smoke")))
-        assert ok.returncode == 0, ok.stderr
+        assert (":5: slurm.resume_check: 'burnin' is not a level in diagnostics.levels "
+                "(known: full, quick, smoke, standard)") in r.stderr
+        for level in ("smoke", "quick"):
+            ok = check_config(cmd, write(tmp_path, text.replace("burnin", level)))
+            assert ok.returncode == 0, ok.stderr
 
 
 def test_the_daemon_validates_a_section_registered_by_another_package(tmp_path: Path) -> None:
