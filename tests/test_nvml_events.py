@@ -277,6 +277,32 @@ def test_each_nvml_event_raises_its_condition_on_the_right_gpu_on_watch_without_
     watch.close()
 
 
+def test_a_dbe_the_poll_counted_first_is_not_counted_again_by_its_late_event(
+        make_daemon: Any, short_tmp: Path, lib: str) -> None:  # noqa: F811
+    """The poll can read the volatile DBE count before the event wait returns (on a real driver too): that is
+    one error, count 1, no UPDATED (an adapter would take an UPDATED as a new fault). A second error is two."""
+    d, path = gpu_node(make_daemon, short_tmp, lib, interval="200ms")
+    watch = WatchStream(d)
+    comp = f"gpu/{BUS[2]}"
+
+    def counter_only(st: emu.EmulatorState) -> None:  # the counter moves; the driver's event is not sent yet
+        st.gpus[2].ecc_dbe_volatile += 1
+        st.gpus[2].ecc_dbe_aggregate += 1
+
+    edit(path, counter_only)
+    assert watch.wait("RAISED", comp, "GPU_ECC_DBE")[3:] == (pb.SEVERITY_CRITICAL, pb.ACTION_RESET_GPU, 1)
+    edit(path, lambda st: emu.push_event(st, 2, emu.EVENT_DBE))  # the same error's event, late
+    time.sleep(1.5)
+    assert [e for e in watch.events if e[1:3] == (comp, "GPU_ECC_DBE")] == [
+        ("RAISED", comp, "GPU_ECC_DBE", pb.SEVERITY_CRITICAL, pb.ACTION_RESET_GPU, 1)]
+    edit(path, lambda st: emu.apply_fault(st, 2, "ecc-dbe"))  # a second error: counter 2 and its event
+    got = watch.wait("UPDATED", comp, "GPU_ECC_DBE")
+    assert got[5] == 2, watch.events
+    time.sleep(1.0)
+    assert next(c for c in d.verdict().conditions if c.code == "GPU_ECC_DBE").count == 2
+    watch.close()
+
+
 def test_an_operators_xid_meaning_in_an_extra_kernel_rule_file_holds_for_nvml_events_too(
         make_daemon: Any, short_tmp: Path, lib: str) -> None:  # noqa: F811
     """The GPU check borrows the kernel rules' Xid table; it must not put the shipped meanings back over an

@@ -235,6 +235,20 @@ def test_watch_from_seq_ahead_of_log_exits_4(daemon: Daemon) -> None:
     assert "Traceback" not in r.stderr
 
 
+def _connected(pid: int) -> bool:
+    """`pid` holds a connected Unix socket (state 03 in /proc/net/unix): robustctl has reached the daemon."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    rows = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return any(len(r.split()) >= 7 and r.split()[5] == "03" and r.split()[6] in inodes for r in rows)
+
+
 def test_watch_from_seq_1_on_an_empty_log_waits_for_the_first_event(daemon: Daemon) -> None:
     """from_seq = head + 1 on an empty log is "nothing yet": the RPC and robustctl stream from there (it was
     OUT_OF_RANGE, so a client that starts from 1 on a fresh node failed until the first fault)."""
@@ -246,14 +260,21 @@ def test_watch_from_seq_1_on_an_empty_log_waits_for_the_first_event(daemon: Daem
     assert dict(call.initial_metadata())["robustd-head-seq"] == "0"
     w = Lines(daemon, "watch", "--json", "--from-seq", "1")
     try:
-        time.sleep(0.3)
+        # The first event only once robustctl is connected (its probe, then at once its Watch): raised before,
+        # it is at or below the from_seq robustctl asks for and rightly not sent.
+        deadline = time.monotonic() + 30
+        while not _connected(w.proc.pid):
+            assert w.proc.poll() is None, f"robustctl exited {w.proc.returncode}"
+            assert time.monotonic() < deadline, "robustctl never connected"
+            time.sleep(0.05)
+        time.sleep(0.5)
         assert w.proc.poll() is None, f"robustctl exited {w.proc.returncode}"
         raise_xid(daemon, XID79, "d7", "XID_79")
         assert w.next_json()["seq"] == 1
         assert next(call).seq == 1
     finally:
         call.cancel()
-        rc, err = w.stop()
+        rc, err = w.stop() if w.proc.stdout is not None and not w.proc.stdout.closed else (w.proc.returncode, "")
     assert (rc, err) == (0, ""), err
 
 

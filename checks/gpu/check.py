@@ -175,7 +175,19 @@ class GpuCheck(Check):
         queue = self._queue
         assert queue is not None, "start() first"
         while True:
-            yield FindingBatch(self.name, tuple(await queue.get()))
+            batch = tuple(f for f in await queue.get() if not self._polled_already(f))
+            if batch:
+                yield FindingBatch(self.name, batch)
+
+    def _polled_already(self, f: Finding) -> bool:
+        """A DBE event for an error the poll has already counted (it read the volatile count first): one
+        uncorrectable error is one occurrence, whichever of the two saw it first. Right after a GPU reset zeroed
+        the count, an event may be dropped until the next poll reads the new count, which then reports it."""
+        if f.code != "GPU_ECC_DBE" or not f.evidence.get("count", "").isdigit():
+            return False
+        bus = f.component.removeprefix("gpu/")
+        polled = next((g.dbe_polled for g in self.inventory if g.bus == bus), 0)
+        return polled >= int(f.evidence["count"]) > 0
 
     def stuck_findings(self) -> Sequence[Finding] | None:
         """NVML_HANG on `host` while the event wait (or a field read of the watcher) is stuck past its bound."""
@@ -482,7 +494,7 @@ class GpuCheck(Check):
         dbe = self._opt(comp, pynvml.nvmlDeviceGetTotalEccErrors, g.handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                         pynvml.NVML_VOLATILE_ECC)
         if dbe is not None:
-            g.readings["ecc_uncorrected_volatile"] = int(dbe)
+            g.readings["ecc_uncorrected_volatile"] = g.dbe_polled = int(dbe)
         if dbe:
             out.append(self._finding(comp, "GPU_ECC_DBE", f"{dbe} uncorrectable ECC errors since the last GPU reset",
                                      count=str(dbe)))

@@ -41,6 +41,7 @@ class _Gpu:
     clock_low_since: float | None = None  # first poll (monotonic) of its current run below the median clock
     power_low_since: float | None = None  # the same for power
     readings: dict[str, float] = field(default_factory=dict)  # this poll's other readings, published for evidence
+    dbe_polled: int = 0  # the volatile uncorrectable ECC count the poll last read (a DBE event at or below it is seen)
 
 
 class _Current:

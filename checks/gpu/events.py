@@ -191,6 +191,15 @@ class EventWatcher:
             what = "an Xid the driver does not know" if xid == UNKNOWN_XID else f"Xid {xid}"
             return [self._make(comp, f"XID_{xid}", f"{what} on GPU {bus} (NVML event)",
                                kind=FindingKind.OCCURRENCE, **ev)]
+        if kind == DBE:
+            # The volatile count as of this event: the poll may have read (and reported) the same error first,
+            # and GpuCheck.watch drops an event whose count the poll has already seen (one error, counted once).
+            try:
+                ev["count"] = str(int(self._calling(WAIT_MS / 1000, pynvml.nvmlDeviceGetTotalEccErrors, data.device,
+                                                    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                    pynvml.NVML_VOLATILE_ECC)))
+            except pynvml.NVMLError as e:
+                ev["count_error"] = str(e)
         if kind in EVENT_CODES:
             code, text = EVENT_CODES[kind]
             return [self._make(comp, code, f"{text} on GPU {bus} (NVML event)", kind=FindingKind.OCCURRENCE, **ev)]
