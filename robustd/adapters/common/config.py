@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, PlainSerializer
 from robustd.model import Action, Severity
 
 ACTIONS = tuple(Action.__members__)  # least to most drastic
+EXIT_CONFIG = 78  # EX_CONFIG (sysexits.h): a bad config; the units' RestartPreventExitStatus= names it
 
 
 def _action(name: Any) -> Action:

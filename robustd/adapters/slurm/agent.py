@@ -30,6 +30,7 @@ from typing import Any
 
 from robustd import __version__
 from robustd.adapters.common import client
+from robustd.adapters.common.config import EXIT_CONFIG
 from robustd.adapters.common.model import Table
 from robustd.adapters.common.statefile import LockTimeout
 from robustd.adapters.common.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
@@ -266,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         "robustctl slurm status   # what it drained and why").parse_args(argv)
     settings = start("robustd-slurm", args.config, SCHEMA)
     if settings is None:
-        return 1
+        # Distinct from a crash, --check-config (ExecStartPre=) included: the unit does not restart on it.
+        return EXIT_CONFIG
     if args.check_config:
         print(f"{settings.source}: config OK (Slurm node {node_name(settings.section('slurm'))}, "
               f"state {state_path(settings)})")
