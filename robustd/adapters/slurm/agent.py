@@ -132,8 +132,11 @@ class Agent(WatchAgent):
 
     def _connect(self) -> bool:
         """GetVerdict, then Watch from the table's seq; False (and a backoff) when robustd does not answer."""
-        if self._open_watch("changing nothing in Slurm until it answers") is None:
+        v = self._open_watch("changing nothing in Slurm until it answers")
+        if v is None:
             return False
+        # Not "connecting" any more, even while Slurm does not answer yet (the next pass then tells the node's state).
+        self.notifier.status(f"node {self.node}: connected to robustd (seq {v.seq}, boot {v.boot_id})")
         self.summary = None  # look at Slurm once connected (at start: the reconcile on start)
         return True
 
