@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from typing import Any, Iterator
 
 import psutil
 import pytest
+import yaml
 from conftest import IN_CI, REPO, Daemon, inject_kmsg, merge, need_root
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "slurm"))
@@ -565,3 +567,95 @@ def test_on_critical_down_kills_the_job_and_resumes(make_node: Any, slurm: Slurm
     slurm.wait_for(lambda: slurm.job_state(job) != "RUNNING", 15, "the job no longer running")
     n.clear()
     wait_idle(slurm, n, timeout=20)
+
+
+# --- shadow mode (issue 31): the same decisions as act, written nowhere but the log and the state file -------
+
+DECISION = (r"(?:(drained|downed|reboot requested for|resumed)|would (drain|down|reboot|resume)) ({node})"
+            r"(?::| \(was|$)(.*)$")
+ACT_KIND = {"drained": "drain", "downed": "down", "reboot requested for": "reboot", "resumed": "resume"}
+
+
+def decisions(log: str, node: str) -> list[tuple[str, str, str]]:
+    """(kind, node, reason with its seq left out) of each drain/resume of `node` the agent carried out or would
+    have."""
+    out = []
+    pattern = re.compile(DECISION.format(node=re.escape(node)))
+    for line in log.splitlines():
+        m = pattern.search(line)
+        if m is None:
+            continue
+        kind = ACT_KIND[m[1]] if m[1] else m[2]
+        reason = re.sub(r", seq \d+\)", ")", m[4].strip()) if kind != "resume" else ""
+        out.append((kind, m[3], reason))
+    return out
+
+
+def in_service(c: SlurmCluster) -> bool:
+    """sinfo: idle with no reason (a trailing * is slurmctld not having heard from slurmd lately, on a busy host)."""
+    state, reason = c.state()
+    return state.rstrip("*") == "idle" and reason == ""
+
+
+def test_shadow_mode_decides_as_act_and_never_changes_slurm(make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"resume_after": "1s", "reconcile_interval": "1s"})
+    shadow = merge(n.d.config, {"slurm": {"mode": "shadow", "state_file": str(n.d.root / "shadow.json")}})
+    shadow_cfg = n.d.root / "shadow.yaml"
+    shadow_cfg.write_text(yaml.safe_dump(shadow, sort_keys=False))
+
+    def run(agent: AgentProcess, wait: Any) -> list[tuple[str, str, str]]:
+        agent.start()
+        agent.wait_connected()
+        n.fault()
+        wait(lambda: len(decisions(agent.log(), slurm.node)) >= 1, "the drain")
+        n.clear()
+        n.ok()
+        wait(lambda: len(decisions(agent.log(), slurm.node)) >= 2, "the resume")
+        assert agent.stop() == 0
+        return decisions(agent.log(), slurm.node)
+
+    def act_wait(predicate: Any, what: str) -> None:
+        slurm.wait_for(predicate, 15, what)
+
+    act = run(n.agent, act_wait)
+    assert in_service(slurm) and len(slurm.reasons_logged()) == 1
+
+    slurm.log_mark = slurm._log_size()  # from here on: no reason set, and sinfo unchanged at every look
+    set_at = slurm.reason_set_at()
+
+    def shadow_wait(predicate: Any, what: str) -> None:
+        def check() -> bool:
+            assert in_service(slurm), f"{slurm.state()}\n{agent.log()}"
+            return bool(predicate())
+        slurm.wait_for(check, 15, what)
+
+    agent = AgentProcess(shadow_cfg, slurm, n.d.root / "shadow.log")
+    started = time.monotonic()
+    shadowed = run(agent, shadow_wait)
+    assert shadowed == act, agent.log()
+    assert [k for k, _, _ in act] == ["drain", "resume"] and act[0][2].startswith("robustd: GPU_ECC_DBE on gpu/")
+    assert f"would drain {slurm.node}: robustd: GPU_ECC_DBE on gpu/{BUS}" in agent.log()
+    assert time.monotonic() - started >= 1.0  # the hold-down held the would-resume back, as in act
+    assert slurm.reasons_logged() == [] and slurm.reason_set_at() == set_at and in_service(slurm)
+
+    saved = json.loads((n.d.root / "shadow.json").read_text())
+    assert saved["shadow"]["counts"] == {"drain": 1, "resume": 1} and saved["drain"] is None
+    r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "slurm", "status", "--config",
+                        str(shadow_cfg)], capture_output=True, text=True, timeout=60, env=slurm.env, cwd=REPO)
+    assert "mode: shadow" in r.stdout and "shadow decisions (would, not carried out): drain 1, resume 1" in r.stdout
+    assert f"would drain {slurm.node}: robustd: GPU_ECC_DBE on gpu/{BUS}" in r.stdout
+    assert f"would resume {slurm.node}" in r.stdout, r.stdout
+
+    # Ownership in shadow too: an operator's drain is never drained over in shadow either, and never "would resume"d.
+    agent.start()
+    agent.wait_connected()
+    slurm.sh("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=ops: replacing a fan")
+    n.fault()
+    n.critical()
+    time.sleep(1.5)  # a reconcile
+    n.clear()
+    n.ok()
+    time.sleep(1.5)
+    assert agent.stop() == 0
+    assert decisions(agent.log(), slurm.node) == act, agent.log()
+    assert slurm.state() == ("drained", "ops: replacing a fan")

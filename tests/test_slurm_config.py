@@ -71,6 +71,7 @@ BAD = [
     ("slurm:\n  ctld:\n    epilog: 'yes'\n", "slurm.ctld.epilog", 3, "boolean"),
     ("slurm:\n  ctld:\n    tls: {}\n", "slurm.ctld.tls", 3, "unknown key"),
     ("slurm: [1, 2]\n", "slurm", 1, "valid dictionary"),
+    ("slurm:\n  resume_after: 1m\n  mode: dry-run\n", "slurm.mode", 3, "'act' or 'shadow'"),
 ]
 
 

@@ -233,6 +233,12 @@ class Agent(WatchAgent):
     def _status(self, st: Any) -> None:
         if st is None:
             return
+        if self.cfg.mode == "shadow" and st.shadow is not None:
+            sh = st.shadow.state
+            last = st.shadow.recent[-1]["text"] if st.shadow.recent else "no decision yet"
+            held = f"would hold it drained: {sh.drain.reason}" if sh.drain is not None else "would keep it in service"
+            self.notifier.status(f"node {self.node}: shadow mode, {held} (last: {last})")
+            return
         if st.suppressed is not None:
             text = st.suppressed.text()
         elif st.drain is not None:

@@ -138,6 +138,9 @@ class SlurmConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # act: drain and resume in Slurm. shadow: decide exactly the same, write nothing to Slurm, log and count each
+    # decision as "would drain NODE: REASON" / "would resume NODE" (`robustctl slurm status` shows them).
+    mode: Literal["act", "shadow"] = "act"
     # The Slurm node name. Default: $SLURMD_NODENAME in the hooks (slurmd sets it), else the short host name.
     node_name: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")
     # Every reason robustd writes starts with this; a node whose reason does not is never touched.
