@@ -659,3 +659,51 @@ def test_shadow_mode_decides_as_act_and_never_changes_slurm(make_node: Any, slur
     assert agent.stop() == 0
     assert decisions(agent.log(), slurm.node) == act, agent.log()
     assert slurm.state() == ("drained", "ops: replacing a fan")
+
+
+# --- no action on stale news (issue 31) ---------------------------------------------------------------------
+
+
+def test_no_drain_on_news_that_went_stale_while_the_agent_was_down(make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"reconcile_interval": "1s"})
+    n.agent.start()
+    n.agent.wait_connected()
+    assert n.agent.stop() == 0
+
+    # A fault raised and cleared while the agent was down: its replay (RAISED, then CLEARED) drains nothing.
+    n.fault()
+    n.critical()
+    n.clear()
+    n.ok()
+    n.agent.start()
+    n.agent.wait_connected()
+    time.sleep(1.5)  # a reconcile
+    assert in_service(slurm) and slurm.reasons_logged() == [], n.agent.log()
+    assert n.agent.stop() == 0
+
+    # A resumed Watch across an old fault: slurm.max_event_age 1s stands for the default 10m and the issue's hour.
+    stale_cfg = n.d.root / "stale.yaml"
+    stale_cfg.write_text(yaml.safe_dump(merge(n.d.config, {"slurm": {"max_event_age": "1s"}}), sort_keys=False))
+    agent = AgentProcess(stale_cfg, slurm, n.d.root / "stale.log")
+    n.fault()
+    n.critical()
+    time.sleep(1.5)
+    agent.start()
+    agent.wait_connected()
+    slurm.wait_for(lambda: "stale event seq" in agent.log(), 10, "the stale event logged")
+    time.sleep(1.5)  # a reconcile
+    assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
+    assert "more than slurm.max_event_age 1s: no drain for it" in agent.log()
+    assert agent.stop() == 0
+    r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "slurm", "status", "--config", str(stale_cfg)],
+                       capture_output=True, text=True, timeout=60, env=slurm.env, cwd=REPO)
+    assert "stale events read (older than slurm.max_event_age 1s, no drain for them): 1" in r.stdout, r.stdout
+
+    agent.start()  # the stale mark is kept in the state file: the saved table's fault is not news after a restart
+    agent.wait_connected()
+    time.sleep(1.5)
+    assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
+    n.fault(1)  # fresh news drains
+    state, reason = wait_drained(slurm, n)
+    assert reason.startswith("robustd: GPU_ECC_DBE on gpu/"), reason
+    agent.stop()

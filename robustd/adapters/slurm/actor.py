@@ -78,13 +78,17 @@ class Actor:
     _last_note: str = field(default="", init=False)
     _last_warning: str = field(default="", init=False)
 
-    def step(self, h: Health, table: Table | None = None) -> Result:
-        """Decide and act once. SlurmError (the node could not be read) and LockTimeout propagate."""
+    def step(self, h: Health, table: Table | None = None, stale_events: int | None = None) -> Result:
+        """Decide and act once. SlurmError (the node could not be read) and LockTimeout propagate. The agent
+        passes its table, and with it the stale news it read (`h.stale`, `stale_events`) to be kept."""
         with self.state_file.locked(self.lock_timeout):
             st = self.state_file.read()
             st.node = self.node_name
             if table is not None:
                 st.table = table
+            if stale_events is not None:
+                st.stale = sorted(h.stale)
+                st.stale_events = stale_events
             node = self.slurm.node(self.node_name)
             now = self.clock()
             if self.shadow:

@@ -31,12 +31,12 @@ from typing import Any
 from robustd import __version__
 from robustd.adapters.common import client
 from robustd.adapters.common.config import EXIT_CONFIG
-from robustd.adapters.common.model import Table
+from robustd.adapters.common.model import CLEARED, Cond, Table
 from robustd.adapters.common.statefile import LockTimeout
 from robustd.adapters.common.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
 from robustd.adapters.slurm.actor import Actor
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
-from robustd.adapters.slurm.decide import Do, Health, assess
+from robustd.adapters.slurm.decide import Do, Health, assess, drain_worthy
 from robustd.adapters.slurm.model import AgentStateFile, SelfCheck
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
 
@@ -69,7 +69,7 @@ class Agent(WatchAgent):
         self.stopping = threading.Event()
         self.stream: WatchStream | None = None
         self.table: Table | None = None
-        self.summary: tuple[bool, int, str] | None = None  # the faults the last successful pass acted on
+        self.summary: tuple[bool, int, str, int] | None = None  # the faults the last successful pass acted on
         self.saved_seq = -1
         self.last_save = 0.0
         self.next_reconcile = 0.0  # at start
@@ -79,6 +79,9 @@ class Agent(WatchAgent):
         self.self_check_after = 0.0
         self.diag_calls: list[Any] = []
         self._last_error = ""
+        self.stale: set[tuple[str, str, int]] = set()  # faults read as stale news (slurm.max_event_age)
+        self.stale_events = 0
+        self.catch_up: tuple[int, float] | None = None  # (robustd's seq at connect, until when) while replaying
         from robustd.sdnotify import Notifier
 
         self.notifier = Notifier()
@@ -91,6 +94,8 @@ class Agent(WatchAgent):
         if saved.table is not None and saved.node in ("", self.node):
             self.table = saved.table
             self.saved_seq = saved.table.seq
+            self.stale = set(saved.stale)
+            self.stale_events = saved.stale_events
         log.info("robustd-slurm %s: Slurm node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
                  self.state_file.path, f", resuming after seq {self.table.seq}" if self.table else "")
 
@@ -109,13 +114,18 @@ class Agent(WatchAgent):
         if self.stopping.is_set() or self.stream is None or self.table is None:
             return
         now = time.monotonic()
+        if self.catch_up is not None:
+            # Act on the current view only: not on a replayed fault whose clearing is still on its way.
+            if self.table.seq < self.catch_up[0] and now < self.catch_up[1]:
+                return
+            self.catch_up = None
         reconcile = now >= self.next_reconcile
         if reconcile:
             self.next_reconcile = now + self.cfg.reconcile_interval
             if not connected and not self._probe():  # a connect this turn has just done what the probe does
                 return
         h = self._health()
-        summary = (h.bad, h.newest_fault_seq, h.boot_id)
+        summary = (h.bad, h.newest_fault_seq, h.boot_id, len(h.stale))
         timers = [t for t in (self.next_retry, self.wake_at) if t is not None and t <= now]
         if summary != self.summary or timers or reconcile:
             self._pass(h, summary)
@@ -124,11 +134,27 @@ class Agent(WatchAgent):
     def _handle(self, kind: str, item: Any, source: WatchStream) -> None:
         if kind == "event":
             if self.table is not None:
-                self.table.apply(int(item.kind), client.cond(item.condition), int(item.seq))
+                c = client.cond(item.condition)
+                if self.table.apply(int(item.kind), c, int(item.seq)):
+                    self._age(int(item.kind), c, item)
             return
         if source is not self.stream:
             return  # the end of a stream we already replaced
         self._stream_lost(kind, item, f"node {self.node}: robustd unreachable, changing nothing")
+
+    def _age(self, kind: int, c: Cond, ev: Any) -> None:
+        """An event older than slurm.max_event_age when read starts no drain: the fault it raised is marked stale
+        (logged, counted) until its next change, which is news again."""
+        self.stale = {k for k in self.stale if k[:2] != c.key}
+        if kind == CLEARED or not drain_worthy(c, self.cfg):
+            return
+        age = time.time() - ev.at.ToNanoseconds() / 1e9
+        if age > self.cfg.max_event_age:
+            self.stale.add((c.component, c.code, c.seq))
+            self.stale_events += 1
+            log.warning("stale event seq %d: %s on %s (action %s) happened %.0fs ago, more than slurm.max_event_age "
+                        "%gs: no drain for it", c.seq, c.code, c.component, c.action.name, age,
+                        self.cfg.max_event_age)
 
     def _connect(self) -> bool:
         """GetVerdict, then Watch from the table's seq; False (and a backoff) when robustd does not answer."""
@@ -138,6 +164,7 @@ class Agent(WatchAgent):
         # Not "connecting" any more, even while Slurm does not answer yet (the next pass then tells the node's state).
         self.notifier.status(f"node {self.node}: connected to robustd (seq {v.seq}, boot {v.boot_id})")
         self.summary = None  # look at Slurm once connected (at start: the reconcile on start)
+        self.catch_up = (int(v.seq), time.monotonic() + RPC_TIMEOUT)  # first the replay up to robustd's head
         return True
 
     def _probe(self) -> bool:
@@ -155,16 +182,17 @@ class Agent(WatchAgent):
 
     def _health(self) -> Health:
         assert self.table is not None
-        return assess(list(self.table.conditions.values()), self.cfg, self.table.seq, self.table.boot_id)
+        return assess(list(self.table.conditions.values()), self.cfg, self.table.seq, self.table.boot_id,
+                      frozenset(self.stale))
 
-    def _pass(self, h: Health, summary: tuple[bool, int, str]) -> None:
+    def _pass(self, h: Health, summary: tuple[bool, int, str, int]) -> None:
         """One pass of the decisions; every timer that was due is consumed (a failure sets the retry timer)."""
         now = time.monotonic()
         self.wake_at = None
         self.next_retry = None
         self.summary = summary  # taken up: a failure below is retried by its timer, not at every turn
         try:
-            r = self.actor.step(h, table=self.table)
+            r = self.actor.step(h, table=self.table, stale_events=self.stale_events)
         except (SlurmError, LockTimeout) as e:
             level = logging.ERROR if isinstance(e, NodeNotFound) else logging.WARNING
             self._error(f"cannot read node {self.node} from Slurm ({e}); will try again", level)

@@ -141,6 +141,9 @@ class SlurmConfig(BaseModel):
     # act: drain and resume in Slurm. shadow: decide exactly the same, write nothing to Slurm, log and count each
     # decision as "would drain NODE: REASON" / "would resume NODE" (`robustctl slurm status` shows them).
     mode: Literal["act", "shadow"] = "act"
+    # A Watch event older than this when robustd-slurm reads it (replayed after the agent was down) causes no new
+    # drain: it is logged as stale and counted. The agent's own view is what it acts on, never old news.
+    max_event_age: PositiveDuration = 600.0
     # The Slurm node name. Default: $SLURMD_NODENAME in the hooks (slurmd sets it), else the short host name.
     node_name: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")
     # Every reason robustd writes starts with this; a node whose reason does not is never touched.

@@ -409,6 +409,9 @@ def status_text(name: str, cfg: SlurmConfig, st: AgentState, node: NodeView | No
                      "are left alone until a new fault event")
     if st.suppressed:
         lines.append(f"WARNING {st.suppressed.text()} (since {when(st.suppressed.since)})")
+    if st.stale_events:
+        lines.append(f"stale events read (older than slurm.max_event_age {cfg.max_event_age:g}s, no drain for them): "
+                     f"{st.stale_events}")
     if st.shadow is not None and (cfg.mode == "shadow" or st.shadow.counts):
         sh = st.shadow
         counts = ", ".join(f"{k} {v}" for k, v in sorted(sh.counts.items())) or "none yet"

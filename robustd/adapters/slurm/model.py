@@ -125,6 +125,9 @@ class AgentState:
     suppressed: Suppression | None = None
     self_check: SelfCheck | None = None
     table: Table | None = None  # the agent's Watch position (its seq is the last event handled)
+    # Faults read as stale news ([component, code, seq]: no new drain for them) and how many such events were read.
+    stale: list[tuple[str, str, int]] = field(default_factory=list)
+    stale_events: int = 0
     shadow: Shadow | None = None  # slurm.mode shadow: what robustd would have done (the fields above: what it did)
 
     def copy(self) -> AgentState:
@@ -137,6 +140,7 @@ class AgentState:
                 "suppressed": asdict(self.suppressed) if self.suppressed else None,
                 "self_check": asdict(self.self_check) if self.self_check else None,
                 "watch": self.table.to_json() if self.table else None,
+                "stale": [list(k) for k in self.stale], "stale_events": self.stale_events,
                 "shadow": self.shadow.to_json() if self.shadow else None}
 
     @classmethod
@@ -154,6 +158,8 @@ class AgentState:
                        suppressed=Suppression(**data["suppressed"]) if data.get("suppressed") else None,
                        self_check=SelfCheck(**data["self_check"]) if data.get("self_check") else None,
                        table=Table.from_json(data.get("watch")),
+                       stale=[(str(k[0]), str(k[1]), int(k[2])) for k in data.get("stale", [])],
+                       stale_events=int(data.get("stale_events", 0)),
                        shadow=Shadow.from_json(data["shadow"]) if data.get("shadow") else None)
         except (TypeError, ValueError, KeyError) as e:
             raise ValueError(f"malformed robustd-slurm state: {e}") from None
