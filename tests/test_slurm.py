@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -707,3 +708,49 @@ def test_no_drain_on_news_that_went_stale_while_the_agent_was_down(make_node: An
     state, reason = wait_drained(slurm, n)
     assert reason.startswith("robustd: GPU_ECC_DBE on gpu/"), reason
     agent.stop()
+
+
+# --- reload (issue 31): SIGHUP re-reads the config; shadow -> act carries out only what comes after ----------
+
+
+def test_reload_switches_shadow_to_act_without_acting_on_the_past_and_keeps_a_bad_config(
+        make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"reconcile_interval": "1s"})
+    cfg = n.d.root / "agent.yaml"
+
+    def write(slurm_keys: dict[str, Any]) -> None:
+        cfg.write_text(yaml.safe_dump(merge(n.d.config, {"slurm": slurm_keys}), sort_keys=False))
+
+    write({"mode": "shadow"})
+    agent = AgentProcess(cfg, slurm, n.d.root / "reload.log")
+    agent.start()
+    agent.wait_connected()
+    n.fault()
+    slurm.wait_for(lambda: f"would drain {slurm.node}:" in agent.log(), 10, "the would-drain")
+    n.clear()
+    n.ok()
+    slurm.wait_for(lambda: f"would resume {slurm.node}" in agent.log(), 10, "the would-resume")
+
+    write({"mode": "bogus"})
+    lines = cfg.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.strip() == "mode: bogus")
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGHUP)
+    slurm.wait_for(lambda: "reload: invalid config, keeping the one in use" in agent.log(), 10, "the bad reload")
+    assert f"{cfg}:{line}: slurm.mode: " in agent.log(), agent.log()
+    n.fault(1)  # still shadow
+    slurm.wait_for(lambda: agent.log().count(f"would drain {slurm.node}:") == 2, 10, "the second would-drain")
+    n.clear(1)
+    n.ok()
+    slurm.wait_for(lambda: agent.log().count(f"would resume {slurm.node}") == 2, 10, "the second would-resume")
+    assert in_service(slurm) and slurm.reasons_logged() == []
+
+    write({"mode": "act"})
+    agent.proc.send_signal(signal.SIGHUP)
+    slurm.wait_for(lambda: "slurm.mode act (was shadow)" in agent.log(), 10, "the switch to act")
+    time.sleep(1.5)  # a reconcile under act: nothing of the past is carried out
+    assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
+    n.fault()  # decided after the switch: carried out
+    state, reason = wait_drained(slurm, n)
+    assert reason.startswith(f"robustd: GPU_ECC_DBE on gpu/{BUS}"), reason
+    assert agent.stop() == 0 and "Traceback" not in agent.log()

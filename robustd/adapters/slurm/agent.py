@@ -13,7 +13,8 @@ because slurmctld was down is redone, a drain whose faults cleared while the age
 resumed after the hold-down, an operator's resume is noticed and respected.
 
 While robustd cannot be reached the agent changes nothing in Slurm: a down daemon must not drain
-(or resume) a fleet. Exit status: 0 after SIGTERM/SIGINT, 1 for a bad config.
+(or resume) a fleet. SIGHUP re-reads the config (`slurm.mode` shadow -> act among it; see `_reload`).
+Exit status: 0 after SIGTERM/SIGINT, 78 (EX_CONFIG) for a bad config.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -33,12 +35,13 @@ from robustd.adapters.common import client
 from robustd.adapters.common.config import EXIT_CONFIG
 from robustd.adapters.common.model import CLEARED, Cond, Table
 from robustd.adapters.common.statefile import LockTimeout
-from robustd.adapters.common.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, start
+from robustd.adapters.common.watch import RPC_TIMEOUT, WatchAgent, WatchStream, agent_parser, load_settings, start
 from robustd.adapters.slurm.actor import Actor
 from robustd.adapters.slurm.config import SCHEMA, SlurmConfig
 from robustd.adapters.slurm.decide import Do, Health, assess, drain_worthy
 from robustd.adapters.slurm.model import AgentStateFile, SelfCheck
 from robustd.adapters.slurm.slurmcli import NodeNotFound, Slurm, SlurmError
+from robustd.config import ConfigError
 
 log = logging.getLogger("robustd.slurm")
 
@@ -58,6 +61,8 @@ def state_path(settings: Any) -> str:
 class Agent(WatchAgent):
     def __init__(self, settings: Any, slurm: Slurm | None = None):
         c = settings.config
+        self.settings = settings
+        self.reload_requested = threading.Event()
         self.cfg: SlurmConfig = settings.section("slurm")
         self.socket: str = c.listen.unix
         self.node = node_name(self.cfg)
@@ -89,6 +94,39 @@ class Agent(WatchAgent):
 
     # --- the loop -------------------------------------------------------------------------------
 
+    def run(self) -> int:
+        signal.signal(signal.SIGHUP, lambda signum, frame: self.reload_requested.set())
+        return super().run()
+
+    def _reload(self) -> None:
+        """SIGHUP (`systemctl reload`): the `slurm:` section re-read and used from the next pass on. A bad file
+        keeps the old config (its key and line logged). Shadow -> act carries out only what is decided after the
+        switch: act's own state never learnt the shadow's would-drains, so nothing of the past is replayed, and a
+        fault still standing is drained by the next pass as act decides on its current view (unless it was read
+        as stale news). What the socket, node name, state file and Slurm commands need is a restart."""
+        self.reload_requested.clear()
+        path = self.settings.source
+        try:
+            settings = load_settings(path, SCHEMA)
+        except ConfigError as e:
+            log.error("reload: invalid config, keeping the one in use:\n%s", e)
+            return
+        new: SlurmConfig = settings.section("slurm")
+        old = self.cfg
+        fixed = [k for k in ("node_name", "state_file", "scontrol", "sinfo", "command_timeout")
+                 if getattr(new, k) != getattr(old, k)]
+        if settings.config.listen.unix != self.socket:
+            fixed.append("listen.unix")
+        if fixed:
+            log.warning("reload: %s changed; takes effect at the next restart (keeping the old value)",
+                        ", ".join(fixed))
+            new = new.model_copy(update={k: getattr(old, k) for k in fixed if k != "listen.unix"})
+        self.cfg = new
+        self.actor.cfg = new
+        self.next_reconcile = min(self.next_reconcile, time.monotonic() + new.reconcile_interval)
+        self.summary = None  # a pass under the new config
+        log.info("reloaded %s: slurm.mode %s%s", path, new.mode, f" (was {old.mode})" if new.mode != old.mode else "")
+
     def _resume(self) -> None:
         saved = self.state_file.read()
         if saved.table is not None and saved.node in ("", self.node):
@@ -100,6 +138,8 @@ class Agent(WatchAgent):
                  self.state_file.path, f", resuming after seq {self.table.seq}" if self.table else "")
 
     def _turn(self) -> None:
+        if self.reload_requested.is_set():
+            self._reload()
         now = time.monotonic()
         connected = False
         if self.stream is None and now >= self.next_connect:
