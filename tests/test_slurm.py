@@ -14,9 +14,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -592,6 +594,17 @@ def decisions(log: str, node: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
 def in_service(c: SlurmCluster) -> bool:
     """sinfo: idle with no reason (a trailing * is slurmctld not having heard from slurmd lately, on a busy host)."""
     state, reason = c.state()
@@ -600,7 +613,9 @@ def in_service(c: SlurmCluster) -> bool:
 
 def test_shadow_mode_decides_as_act_and_never_changes_slurm(make_node: Any, slurm: SlurmCluster) -> None:
     n = make_node(slurm={"resume_after": "1s", "reconcile_interval": "1s"})
-    shadow = merge(n.d.config, {"slurm": {"mode": "shadow", "state_file": str(n.d.root / "shadow.json")}})
+    port = free_port()
+    shadow = merge(n.d.config, {"slurm": {"mode": "shadow", "state_file": str(n.d.root / "shadow.json"),
+                                          "metrics_address": f"127.0.0.1:{port}"}})
     shadow_cfg = n.d.root / "shadow.yaml"
     shadow_cfg.write_text(yaml.safe_dump(shadow, sort_keys=False))
 
@@ -650,6 +665,11 @@ def test_shadow_mode_decides_as_act_and_never_changes_slurm(make_node: Any, slur
     # Ownership in shadow too: an operator's drain is never drained over in shadow either, and never "would resume"d.
     agent.start()
     agent.wait_connected()
+    metrics = scrape(port)  # the counts kept in the state file, after a restart
+    assert 'robustd_slurm_shadow_decisions_total{kind="drain"} 1.0' in metrics, metrics
+    assert 'robustd_slurm_shadow_decisions_total{kind="resume"} 1.0' in metrics
+    assert 'robustd_slurm_shadow_decisions_total{kind="down"} 0.0' in metrics
+    assert "robustd_slurm_mode 1.0" in metrics
     slurm.sh("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=ops: replacing a fan")
     n.fault()
     n.critical()
@@ -721,7 +741,8 @@ def test_reload_switches_shadow_to_act_without_acting_on_the_past_and_keeps_a_ba
     def write(slurm_keys: dict[str, Any]) -> None:
         cfg.write_text(yaml.safe_dump(merge(n.d.config, {"slurm": slurm_keys}), sort_keys=False))
 
-    write({"mode": "shadow"})
+    port = free_port()
+    write({"mode": "shadow", "metrics_address": f"127.0.0.1:{port}"})
     agent = AgentProcess(cfg, slurm, n.d.root / "reload.log")
     agent.start()
     agent.wait_connected()
@@ -731,7 +752,7 @@ def test_reload_switches_shadow_to_act_without_acting_on_the_past_and_keeps_a_ba
     n.ok()
     slurm.wait_for(lambda: f"would resume {slurm.node}" in agent.log(), 10, "the would-resume")
 
-    write({"mode": "bogus"})
+    write({"mode": "bogus", "metrics_address": f"127.0.0.1:{port}"})
     lines = cfg.read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.strip() == "mode: bogus")
     assert agent.proc is not None
@@ -745,9 +766,12 @@ def test_reload_switches_shadow_to_act_without_acting_on_the_past_and_keeps_a_ba
     slurm.wait_for(lambda: agent.log().count(f"would resume {slurm.node}") == 2, 10, "the second would-resume")
     assert in_service(slurm) and slurm.reasons_logged() == []
 
-    write({"mode": "act"})
+    assert "robustd_slurm_mode 1.0" in scrape(port)
+    write({"mode": "act", "metrics_address": f"127.0.0.1:{port}"})
     agent.proc.send_signal(signal.SIGHUP)
     slurm.wait_for(lambda: "slurm.mode act (was shadow)" in agent.log(), 10, "the switch to act")
+    metrics = scrape(port)
+    assert "robustd_slurm_mode 0.0" in metrics and 'shadow_decisions_total{kind="drain"} 2.0' in metrics, metrics
     time.sleep(1.5)  # a reconcile under act: nothing of the past is carried out
     assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
     n.fault()  # decided after the switch: carried out

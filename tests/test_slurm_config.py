@@ -72,6 +72,8 @@ BAD = [
     ("slurm:\n  ctld:\n    tls: {}\n", "slurm.ctld.tls", 3, "unknown key"),
     ("slurm: [1, 2]\n", "slurm", 1, "valid dictionary"),
     ("slurm:\n  resume_after: 1m\n  mode: dry-run\n", "slurm.mode", 3, "'act' or 'shadow'"),
+    ("slurm:\n  max_event_age: 10\n", "slurm.max_event_age", 2, "no unit"),
+    ("slurm:\n  metrics_address: localhost\n", "slurm.metrics_address", 2, "expected host:port"),
 ]
 
 

@@ -86,6 +86,8 @@ class Agent(WatchAgent):
         self._last_error = ""
         self.stale: set[tuple[str, str, int]] = set()  # faults read as stale news (slurm.max_event_age)
         self.stale_events = 0
+        self.shadow_counts: dict[str, int] = {}  # as in the state file, for /metrics
+        self.metrics_server: Any = None
         self.catch_up: tuple[int, float] | None = None  # (robustd's seq at connect, until when) while replaying
         from robustd.sdnotify import Notifier
 
@@ -96,7 +98,22 @@ class Agent(WatchAgent):
 
     def run(self) -> int:
         signal.signal(signal.SIGHUP, lambda signum, frame: self.reload_requested.set())
+        self._serve_metrics()
         return super().run()
+
+    def _serve_metrics(self) -> None:
+        """slurm.metrics_address: robustd_slurm_mode and robustd_slurm_shadow_decisions_total{kind} (the counts kept
+        in the state file, so they survive a restart) on /metrics. A failure to listen is logged, not fatal."""
+        if not self.cfg.metrics_address:
+            return
+        from robustd.metrics_http import serve
+
+        try:
+            self.metrics_server = serve(self.cfg.metrics_address, _Metrics(self))
+        except OSError as e:
+            log.error("slurm.metrics_address %s: cannot listen (%s); no metrics", self.cfg.metrics_address, e)
+            return
+        log.info("metrics on http://%s/metrics", self.cfg.metrics_address)
 
     def _reload(self) -> None:
         """SIGHUP (`systemctl reload`): the `slurm:` section re-read and used from the next pass on. A bad file
@@ -113,7 +130,7 @@ class Agent(WatchAgent):
             return
         new: SlurmConfig = settings.section("slurm")
         old = self.cfg
-        fixed = [k for k in ("node_name", "state_file", "scontrol", "sinfo", "command_timeout")
+        fixed = [k for k in ("node_name", "state_file", "scontrol", "sinfo", "command_timeout", "metrics_address")
                  if getattr(new, k) != getattr(old, k)]
         if settings.config.listen.unix != self.socket:
             fixed.append("listen.unix")
@@ -133,6 +150,7 @@ class Agent(WatchAgent):
             self.table = saved.table
             self.saved_seq = saved.table.seq
             self.stale = set(saved.stale)
+            self.shadow_counts = dict(saved.shadow.counts) if saved.shadow else {}
             self.stale_events = saved.stale_events
         log.info("robustd-slurm %s: Slurm node %s, robustd at %s, state %s%s", __version__, self.node, self.socket,
                  self.state_file.path, f", resuming after seq {self.table.seq}" if self.table else "")
@@ -245,6 +263,8 @@ class Agent(WatchAgent):
             self._retry_later(now)
             return
         self.retry_backoff = 1.0
+        if r.state is not None and r.state.shadow is not None:
+            self.shadow_counts = dict(r.state.shadow.counts)
         if r.plan.do is Do.WAIT and r.plan.wake_at is not None:
             self.wake_at = now + max(0.0, r.plan.wake_at - time.time())
         elif r.plan.do is Do.SELF_CHECK:
@@ -326,6 +346,8 @@ class Agent(WatchAgent):
 
     def _shutdown(self) -> None:
         self._end_stream()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
         if self.table is not None and self.table.seq != self.saved_seq:
             try:
                 self.actor.lock_timeout = 2.0
@@ -333,6 +355,28 @@ class Agent(WatchAgent):
             except (OSError, LockTimeout) as e:
                 log.error("cannot save the state file %s at exit: %s", self.state_file.path, e)
         log.info("robustd-slurm stopped (watch position seq %s)", self.table.seq if self.table else 0)
+
+
+class _Metrics:
+    """The agent's /metrics, read at each scrape (a prometheus_client Collector)."""
+
+    KINDS = ("drain", "down", "reboot", "resume", "set_reason")
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        mode = GaugeMetricFamily("robustd_slurm_mode", "robustd-slurm's slurm.mode: 1 = shadow, 0 = act")
+        mode.add_metric([], 1.0 if self.agent.cfg.mode == "shadow" else 0.0)
+        yield mode
+        would = CounterMetricFamily("robustd_slurm_shadow_decisions",
+                                    "Decisions shadow mode logged and did not carry out, by kind", labels=["kind"])
+        counts = dict(self.agent.shadow_counts)
+        for kind in sorted(set(self.KINDS) | set(counts)):
+            would.add_metric([kind], float(counts.get(kind, 0)))
+        yield would
 
 
 def main(argv: list[str] | None = None) -> int:
