@@ -206,7 +206,9 @@ def test_robustctl_lists_the_slurm_verbs() -> None:
 
 
 def test_a_bad_config_stops_robustd_slurm_with_78_and_its_unit_does_not_restart_on_it(tmp_path: Path) -> None:
-    """Without --check-config too (ExecStart=, not only ExecStartPre=): exit 78, key and line told."""
+    """Without --check-config too (the unit's ExecStart=): exit 78, key and line told. The unit has no failing
+    ExecStartPre= check: systemd applies RestartPreventExitStatus= to the main process only, so a failing
+    ExecStartPre= would be restarted every 5 s all the same."""
     cfg = tmp_path / "robustd.yaml"
     cfg.write_text("slurm:\n  min_drains: -1\n")
     r = subprocess.run([str(REPO / ".venv" / "bin" / "robustd-slurm"), "--config", str(cfg)], capture_output=True,
@@ -215,3 +217,4 @@ def test_a_bad_config_stops_robustd_slurm_with_78_and_its_unit_does_not_restart_
     assert r.returncode == 78 and f"{cfg}:2: slurm.min_drains: " in r.stderr, (r.returncode, r.stderr)
     unit = (REPO / "systemd" / "robustd-slurm.service").read_text().splitlines()
     assert "RestartPreventExitStatus=78" in unit and "Restart=on-failure" in unit
+    assert not [line for line in unit if line.startswith("ExecStartPre=") and not line.startswith("ExecStartPre=-")]

@@ -88,7 +88,7 @@ def agent_parser(prog: str, description: str, *examples: str) -> argparse.Argume
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=cli_examples(*examples))
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
-    p.add_argument("--check-config", action="store_true", help="validate the config and exit 0 (valid) or 1")
+    p.add_argument("--check-config", action="store_true", help="validate the config and exit: 0 if valid, 78 (EX_CONFIG) for a bad config")
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
     return p
 
