@@ -13,14 +13,18 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 import psutil
 import pytest
+import yaml
 from conftest import IN_CI, REPO, Daemon, inject_kmsg, merge, need_root
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "slurm"))
@@ -582,3 +586,211 @@ def test_a_drain_reason_carries_its_evidence_bundle_id(make_node: Any, slurm: Sl
     bundle = json.loads(shown.stdout)
     assert bundle["id"] == m.group(1) and bundle["reason"] == reason.removesuffix(m.group(0))
     assert any(c["code"] == "GPU_ECC_DBE" for c in bundle["verdict"]["conditions"])
+
+
+# --- shadow mode (issue 31): the same decisions as act, written nowhere but the log and the state file -------
+
+DECISION = (r"(?:(drained|downed|reboot requested for|resumed)|would (drain|down|reboot|resume)) ({node})"
+            r"(?::| \(was|$)(.*)$")
+ACT_KIND = {"drained": "drain", "downed": "down", "reboot requested for": "reboot", "resumed": "resume"}
+
+
+def decisions(log: str, node: str) -> list[tuple[str, str, str]]:
+    """(kind, node, reason with its seq left out) of each drain/resume of `node` the agent carried out or would
+    have."""
+    out = []
+    pattern = re.compile(DECISION.format(node=re.escape(node)))
+    for line in log.splitlines():
+        m = pattern.search(line)
+        if m is None:
+            continue
+        kind = ACT_KIND[m[1]] if m[1] else m[2]
+        reason = re.sub(r", seq \d+\)", ")", m[4].strip()) if kind != "resume" else ""
+        out.append((kind, m[3], reason))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+def in_service(c: SlurmCluster) -> bool:
+    """sinfo: idle with no reason (a trailing * is slurmctld not having heard from slurmd lately, on a busy host)."""
+    state, reason = c.state()
+    return state.rstrip("*") == "idle" and reason == ""
+
+
+def test_shadow_mode_decides_as_act_and_never_changes_slurm(make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"resume_after": "1s", "reconcile_interval": "1s"})
+    port = free_port()
+    shadow = merge(n.d.config, {"slurm": {"mode": "shadow", "state_file": str(n.d.root / "shadow.json"),
+                                          "metrics_address": f"127.0.0.1:{port}"}})
+    shadow_cfg = n.d.root / "shadow.yaml"
+    shadow_cfg.write_text(yaml.safe_dump(shadow, sort_keys=False))
+
+    def run(agent: AgentProcess, wait: Any) -> list[tuple[str, str, str]]:
+        agent.start()
+        agent.wait_connected()
+        n.fault()
+        wait(lambda: len(decisions(agent.log(), slurm.node)) >= 1, "the drain")
+        n.clear()
+        n.ok()
+        wait(lambda: len(decisions(agent.log(), slurm.node)) >= 2, "the resume")
+        assert agent.stop() == 0
+        return decisions(agent.log(), slurm.node)
+
+    def act_wait(predicate: Any, what: str) -> None:
+        slurm.wait_for(predicate, 15, what)
+
+    act = run(n.agent, act_wait)
+    assert in_service(slurm) and len(slurm.reasons_logged()) == 1
+
+    slurm.log_mark = slurm._log_size()  # from here on: no reason set, and sinfo unchanged at every look
+    set_at = slurm.reason_set_at()
+
+    def shadow_wait(predicate: Any, what: str) -> None:
+        def check() -> bool:
+            assert in_service(slurm), f"{slurm.state()}\n{agent.log()}"
+            return bool(predicate())
+        slurm.wait_for(check, 15, what)
+
+    agent = AgentProcess(shadow_cfg, slurm, n.d.root / "shadow.log")
+    started = time.monotonic()
+    shadowed = run(agent, shadow_wait)
+    assert shadowed == act, agent.log()
+    assert [k for k, _, _ in act] == ["drain", "resume"] and act[0][2].startswith("robustd: GPU_ECC_DBE on gpu/")
+    assert f"would drain {slurm.node}: robustd: GPU_ECC_DBE on gpu/{BUS}" in agent.log()
+    assert time.monotonic() - started >= 1.0  # the hold-down held the would-resume back, as in act
+    assert slurm.reasons_logged() == [] and slurm.reason_set_at() == set_at and in_service(slurm)
+
+    saved = json.loads((n.d.root / "shadow.json").read_text())
+    assert saved["shadow"]["counts"] == {"drain": 1, "resume": 1} and saved["drain"] is None
+    r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "slurm", "status", "--config",
+                        str(shadow_cfg)], capture_output=True, text=True, timeout=60, env=slurm.env, cwd=REPO)
+    assert "mode: shadow" in r.stdout and "shadow decisions (would, not carried out): drain 1, resume 1" in r.stdout
+    assert f"would drain {slurm.node}: robustd: GPU_ECC_DBE on gpu/{BUS}" in r.stdout
+    assert f"would resume {slurm.node}" in r.stdout, r.stdout
+
+    # Ownership in shadow too: an operator's drain is never drained over in shadow either, and never "would resume"d.
+    agent.start()
+    agent.wait_connected()
+    metrics = scrape(port)  # the counts kept in the state file, after a restart
+    assert 'robustd_slurm_shadow_decisions_total{kind="drain"} 1.0' in metrics, metrics
+    assert 'robustd_slurm_shadow_decisions_total{kind="resume"} 1.0' in metrics
+    assert 'robustd_slurm_shadow_decisions_total{kind="down"} 0.0' in metrics
+    assert "robustd_slurm_mode 1.0" in metrics
+    slurm.sh("scontrol", "update", f"NodeName={slurm.node}", "State=DRAIN", "Reason=ops: replacing a fan")
+    n.fault()
+    n.critical()
+    time.sleep(1.5)  # a reconcile
+    n.clear()
+    n.ok()
+    time.sleep(1.5)
+    assert agent.stop() == 0
+    assert decisions(agent.log(), slurm.node) == act, agent.log()
+    assert slurm.state() == ("drained", "ops: replacing a fan")
+
+
+# --- no action on stale news (issue 31) ---------------------------------------------------------------------
+
+
+def test_no_drain_on_news_that_went_stale_while_the_agent_was_down(make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"reconcile_interval": "1s"})
+    n.agent.start()
+    n.agent.wait_connected()
+    assert n.agent.stop() == 0
+
+    # A fault raised and cleared while the agent was down: its replay (RAISED, then CLEARED) drains nothing.
+    n.fault()
+    n.critical()
+    n.clear()
+    n.ok()
+    n.agent.start()
+    n.agent.wait_connected()
+    time.sleep(1.5)  # a reconcile
+    assert in_service(slurm) and slurm.reasons_logged() == [], n.agent.log()
+    assert n.agent.stop() == 0
+
+    # A resumed Watch across an old fault: slurm.max_event_age 1s stands for the default 10m and the issue's hour.
+    stale_cfg = n.d.root / "stale.yaml"
+    stale_cfg.write_text(yaml.safe_dump(merge(n.d.config, {"slurm": {"max_event_age": "1s"}}), sort_keys=False))
+    agent = AgentProcess(stale_cfg, slurm, n.d.root / "stale.log")
+    n.fault()
+    n.critical()
+    time.sleep(1.5)
+    agent.start()
+    agent.wait_connected()
+    slurm.wait_for(lambda: "stale event seq" in agent.log(), 10, "the stale event logged")
+    time.sleep(1.5)  # a reconcile
+    assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
+    assert "more than slurm.max_event_age 1s: no drain for it" in agent.log()
+    assert agent.stop() == 0
+    r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "slurm", "status", "--config", str(stale_cfg)],
+                       capture_output=True, text=True, timeout=60, env=slurm.env, cwd=REPO)
+    assert "stale events read (older than slurm.max_event_age 1s, no drain for them): 1" in r.stdout, r.stdout
+
+    agent.start()  # the stale mark is kept in the state file: the saved table's fault is not news after a restart
+    agent.wait_connected()
+    time.sleep(1.5)
+    assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
+    n.fault(1)  # fresh news drains
+    state, reason = wait_drained(slurm, n)
+    assert reason.startswith("robustd: GPU_ECC_DBE on gpu/"), reason
+    agent.stop()
+
+
+# --- reload (issue 31): SIGHUP re-reads the config; shadow -> act carries out only what comes after ----------
+
+
+def test_reload_switches_shadow_to_act_without_acting_on_the_past_and_keeps_a_bad_config(
+        make_node: Any, slurm: SlurmCluster) -> None:
+    n = make_node(slurm={"reconcile_interval": "1s"})
+    cfg = n.d.root / "agent.yaml"
+
+    def write(slurm_keys: dict[str, Any]) -> None:
+        cfg.write_text(yaml.safe_dump(merge(n.d.config, {"slurm": slurm_keys}), sort_keys=False))
+
+    port = free_port()
+    write({"mode": "shadow", "metrics_address": f"127.0.0.1:{port}"})
+    agent = AgentProcess(cfg, slurm, n.d.root / "reload.log")
+    agent.start()
+    agent.wait_connected()
+    n.fault()
+    slurm.wait_for(lambda: f"would drain {slurm.node}:" in agent.log(), 10, "the would-drain")
+    n.clear()
+    n.ok()
+    slurm.wait_for(lambda: f"would resume {slurm.node}" in agent.log(), 10, "the would-resume")
+
+    write({"mode": "bogus", "metrics_address": f"127.0.0.1:{port}"})
+    lines = cfg.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.strip() == "mode: bogus")
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGHUP)
+    slurm.wait_for(lambda: "reload: invalid config, keeping the one in use" in agent.log(), 10, "the bad reload")
+    assert f"{cfg}:{line}: slurm.mode: " in agent.log(), agent.log()
+    n.fault(1)  # still shadow
+    slurm.wait_for(lambda: agent.log().count(f"would drain {slurm.node}:") == 2, 10, "the second would-drain")
+    n.clear(1)
+    n.ok()
+    slurm.wait_for(lambda: agent.log().count(f"would resume {slurm.node}") == 2, 10, "the second would-resume")
+    assert in_service(slurm) and slurm.reasons_logged() == []
+
+    assert "robustd_slurm_mode 1.0" in scrape(port)
+    write({"mode": "act", "metrics_address": f"127.0.0.1:{port}"})
+    agent.proc.send_signal(signal.SIGHUP)
+    slurm.wait_for(lambda: "slurm.mode act (was shadow)" in agent.log(), 10, "the switch to act")
+    metrics = scrape(port)
+    assert "robustd_slurm_mode 0.0" in metrics and 'shadow_decisions_total{kind="drain"} 2.0' in metrics, metrics
+    time.sleep(1.5)  # a reconcile under act: nothing of the past is carried out
+    assert in_service(slurm) and slurm.reasons_logged() == [], agent.log()
+    n.fault()  # decided after the switch: carried out
+    state, reason = wait_drained(slurm, n)
+    assert reason.startswith(f"robustd: GPU_ECC_DBE on gpu/{BUS}"), reason
+    assert agent.stop() == 0 and "Traceback" not in agent.log()

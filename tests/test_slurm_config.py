@@ -24,6 +24,8 @@ def check(cmd: str, path: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, cwd=REPO, stdin=subprocess.DEVNULL)
 
 
+EXIT = {"robustd": 1, "robustd-slurm": 78}  # robustd-slurm: EX_CONFIG, named by its unit's RestartPreventExitStatus=
+
 BAD = [
     ("slurm:\n  resume_after: -5m\n", "slurm.resume_after", 2, "negative"),
     ("slurm:\n  reconcile_interval: 0s\n", "slurm.reconcile_interval", 2, "greater than zero"),
@@ -69,6 +71,9 @@ BAD = [
     ("slurm:\n  ctld:\n    epilog: 'yes'\n", "slurm.ctld.epilog", 3, "boolean"),
     ("slurm:\n  ctld:\n    tls: {}\n", "slurm.ctld.tls", 3, "unknown key"),
     ("slurm: [1, 2]\n", "slurm", 1, "valid dictionary"),
+    ("slurm:\n  resume_after: 1m\n  mode: dry-run\n", "slurm.mode", 3, "'act' or 'shadow'"),
+    ("slurm:\n  max_event_age: 10\n", "slurm.max_event_age", 2, "no unit"),
+    ("slurm:\n  metrics_address: localhost\n", "slurm.metrics_address", 2, "expected host:port"),
 ]
 
 
@@ -79,7 +84,7 @@ def test_bad_slurm_values_are_rejected_with_key_and_line(tmp_path: Path, cmd: st
     cfg = tmp_path / "robustd.yaml"
     cfg.write_text("# robustd\n" + text)
     r = check(cmd, cfg)
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == EXIT[cmd], r.stdout + r.stderr
     assert f"{cfg}:{line + 1}: {key}: " in r.stderr and words in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -89,7 +94,7 @@ def test_a_config_that_is_not_utf8_is_a_config_error_for_the_adapter_too(tmp_pat
     cfg = tmp_path / "robustd.yaml"
     cfg.write_bytes(b"slurm:\n  reason_prefix: r\xf6bustd\n")
     r = check(cmd, cfg)
-    assert r.returncode == 1 and f"{cfg}:2: the config is not UTF-8 text: byte 0xf6" in r.stderr, r.stderr
+    assert r.returncode == EXIT[cmd] and f"{cfg}:2: the config is not UTF-8 text: byte 0xf6" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -198,3 +203,18 @@ def test_robustctl_lists_the_slurm_verbs() -> None:
     r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "slurm", "drain"], capture_output=True,
                        text=True, timeout=30, cwd=REPO)
     assert r.returncode == 64
+
+
+def test_a_bad_config_stops_robustd_slurm_with_78_and_its_unit_does_not_restart_on_it(tmp_path: Path) -> None:
+    """Without --check-config too (the unit's ExecStart=): exit 78, key and line told. The unit has no failing
+    ExecStartPre= check: systemd applies RestartPreventExitStatus= to the main process only, so a failing
+    ExecStartPre= would be restarted every 5 s all the same."""
+    cfg = tmp_path / "robustd.yaml"
+    cfg.write_text("slurm:\n  min_drains: -1\n")
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "robustd-slurm"), "--config", str(cfg)], capture_output=True,
+                       text=True, timeout=60, cwd=REPO, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 78 and f"{cfg}:2: slurm.min_drains: " in r.stderr, (r.returncode, r.stderr)
+    unit = (REPO / "systemd" / "robustd-slurm.service").read_text().splitlines()
+    assert "RestartPreventExitStatus=78" in unit and "Restart=on-failure" in unit
+    assert not [line for line in unit if line.startswith("ExecStartPre=") and not line.startswith("ExecStartPre=-")]

@@ -30,7 +30,7 @@ from robustd.adapters.slurm.decide import (
     self_checked,
     suppressed,
 )
-from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView, SelfCheck, Suppression
+from robustd.adapters.slurm.model import AgentState, AgentStateFile, NodeView, SelfCheck, Shadow, Suppression
 from robustd.adapters.slurm.slurmcli import Slurm, SlurmError
 
 log = logging.getLogger("robustd.slurm")
@@ -43,10 +43,28 @@ class Result:
     error: str = ""  # the Slurm action failed: nothing changed there, try again later
     suppressed: Suppression | None = None  # the breaker refused the drain
     state: AgentState | None = None  # the state as saved
+    shadow: bool = False  # slurm.mode shadow: the plan was logged and counted as a would-decision, not carried out
 
     @property
     def acted(self) -> bool:
-        return not self.error and self.suppressed is None and self.plan.do in (Do.DRAIN, Do.RESUME, Do.SET_REASON)
+        return (not self.shadow and not self.error and self.suppressed is None
+                and self.plan.do in (Do.DRAIN, Do.RESUME, Do.SET_REASON))
+
+
+WOULD = {"drain": "would drain", "down": "would down", "reboot": "would reboot"}  # act's log: drained, downed, ...
+
+
+def shadow_view(node: NodeView, st: AgentState) -> NodeView:
+    """Slurm's real node with the shadow's would-be drain laid over it, so that the rules see what they would
+    have seen had they acted (held by us, then the hold-down, then a resume). A node really out of service
+    (someone else's drain, or robustd's own from act mode) is shown as it is."""
+    d = st.drain
+    if d is None or node.out_of_service:
+        return node
+    flags = set(node.flags) | {"DRAIN"}
+    if d.mode == "reboot":
+        flags.add("REBOOT_REQUESTED")
+    return replace(node, state="DOWN" if d.mode == "down" else node.state, flags=frozenset(flags), reason=d.reason)
 
 
 @dataclass(eq=False)
@@ -64,16 +82,25 @@ class Actor:
     _last_note: str = field(default="", init=False)
     _last_warning: str = field(default="", init=False)
 
-    def step(self, h: Health, table: Table | None = None) -> Result:
-        """Decide and act once. SlurmError (the node could not be read) and LockTimeout propagate."""
+    def step(self, h: Health, table: Table | None = None, stale_events: int | None = None) -> Result:
+        """Decide and act once. SlurmError (the node could not be read) and LockTimeout propagate. The agent
+        passes its table, and with it the stale news it read (`h.stale`, `stale_events`) to be kept."""
         with self.state_file.locked(self.lock_timeout):
             st = self.state_file.read()
             st.node = self.node_name
             if table is not None:
                 st.table = table
+            if stale_events is not None:
+                st.stale = sorted(h.stale)
+                st.stale_events = stale_events
             node = self.slurm.node(self.node_name)
             now = self.clock()
-            plan, st = decide(self.cfg, h, node, st, now)
+            if self.shadow:
+                sh = self._shadow(st)
+                node = shadow_view(node, sh.state)
+                plan, sh.state = decide(self.cfg, h, node, sh.state, now)
+            else:
+                plan, st = decide(self.cfg, h, node, st, now)
             self._note(plan.note)
             return self._carry_out(plan, st, h, node, now)
 
@@ -83,9 +110,15 @@ class Actor:
             st = self.state_file.read()
             if table is not None:
                 st.table = table
-            plan, st = self_checked(self.cfg, st, result)
+            if self.shadow:
+                sh = self._shadow(st)
+                plan, sh.state = self_checked(self.cfg, sh.state, result)
+            else:
+                plan, st = self_checked(self.cfg, st, result)
             self._note(plan.note, level=logging.WARNING if result.outcome != "PASS" else logging.INFO)
             node = self.slurm.node(self.node_name) if plan.do is not Do.NOTHING else None
+            if node is not None and self.shadow:
+                node = shadow_view(node, self._shadow(st).state)
             return self._carry_out(plan, st, h, node, self.clock())
 
     def diagnosis(self, h: Health, report_id: str, summary: str, job: str) -> Result:
@@ -94,6 +127,8 @@ class Actor:
             st = self.state_file.read()
             st.node = self.node_name
             node = self.slurm.node(self.node_name)
+            if self.shadow:
+                node = shadow_view(node, self._shadow(st).state)
             plan = diagnosis_plan(self.cfg, node, report_id, summary, job)
             self._note(plan.note, level=logging.WARNING)
             return self._carry_out(plan, st, h, node, self.clock())
@@ -105,14 +140,64 @@ class Actor:
             st.table = table
             self.state_file.write(st)
 
+    @property
+    def shadow(self) -> bool:
+        return self.cfg.mode == "shadow"
+
+    def _shadow(self, st: AgentState) -> Shadow:
+        if st.shadow is None:
+            st.shadow = Shadow(state=AgentState(node=self.node_name))
+        return st.shadow
+
     def _carry_out(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:
-        result = self._act(plan, st, h, node, now)
-        st = result.state or st
-        if st.suppressed is None and self._last_warning:
+        if self.shadow:
+            sh = self._shadow(st)
+            result = self._would(plan, sh, h, node, now)
+            sh.state = result.state or sh.state
+            result = replace(result, state=st)
+            sup = sh.state.suppressed
+        else:
+            result = self._act(plan, st, h, node, now)
+            st = result.state or st
+            sup = st.suppressed
+        if sup is None and self._last_warning:
             log.info("SLURM_DRAIN_SUPPRESSED cleared")
             self._last_warning = ""
         self.state_file.write(st)
         return result
+
+    def _would(self, plan: Plan, sh: Shadow, h: Health, node: NodeView | None, now: float) -> Result:
+        """slurm.mode shadow: `_act` up to the write, Slurm read as in act (the node, the breaker's partition
+        rows, the re-read right before a drain), and in place of the scontrol update the decision logged in act's
+        words prefixed "would" and counted; the shadow's state moves on as if it had been carried out."""
+        name = self.node_name
+        st = sh.state
+        try:
+            if plan.do is Do.DRAIN and node is not None:
+                rows = self.slurm.partition_rows(node.partitions)
+                sup = breaker(self.cfg, node, rows, fault_text(h) if h.bad else plan.reason, now)
+                if sup is not None:
+                    st = suppressed(st, sup)
+                    self._warn(f"shadow: {sup.text()}; {name} would stay in service")
+                    return Result(plan, node, suppressed=sup, state=st, shadow=True)
+                fresh = self.slurm.node(name)
+                if fresh.out_of_service:
+                    self._note(f"{name} was taken out by someone else meanwhile ({fresh.describe()}); "
+                               "would not drain")
+                    return Result(Plan(Do.NOTHING), fresh, state=st, shadow=True)
+                kind, text = plan.mode, f"{WOULD[plan.mode]} {name}: {plan.reason}"
+            elif plan.do is Do.RESUME and node is not None:
+                kind, text = "resume", f"would resume {name}"
+            elif plan.do is Do.SET_REASON:
+                kind, text = "set_reason", f"would keep {name} drained: {plan.reason}"
+            else:
+                return Result(plan, node, state=st, shadow=True)
+        except SlurmError as e:
+            log.error("shadow: %s %s: reading Slurm failed (%s); will try again", plan.do.value, name, e)
+            return Result(plan, node, error=str(e), state=st, shadow=True)
+        log.warning("%s", text)
+        sh.record(kind, text, now)
+        return Result(plan, node, state=applied(plan, st, h, now), shadow=True)
 
     def _act(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:
         name = self.node_name

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from robustd.adapters.common.config import ActionName
-from robustd.config import LEVELS, Schema, known
+from robustd.config import LEVELS, Schema, host_port, known
 from robustd.durations import Duration, PositiveDuration
 from robustd.flags import Flag
 from robustd.model import Action
@@ -138,6 +138,15 @@ class SlurmConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # act: drain and resume in Slurm. shadow: decide exactly the same, write nothing to Slurm, log and count each
+    # decision as "would drain NODE: REASON" / "would resume NODE" (`robustctl slurm status` shows them).
+    mode: Literal["act", "shadow"] = "act"
+    # A Watch event older than this when robustd-slurm reads it (replayed after the agent was down) causes no new
+    # drain: it is logged as stale and counted. The agent's own view is what it acts on, never old news.
+    max_event_age: PositiveDuration = 600.0
+    # host:port for robustd-slurm's own Prometheus endpoint (robustd_slurm_mode, robustd_slurm_shadow_decisions_total);
+    # unset = off. Plain HTTP without authentication: keep it on loopback or behind a firewall.
+    metrics_address: str | None = None
     # The Slurm node name. Default: $SLURMD_NODENAME in the hooks (slurmd sets it), else the short host name.
     node_name: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._-]+$")
     # Every reason robustd writes starts with this; a node whose reason does not is never touched.
@@ -168,6 +177,8 @@ class SlurmConfig(BaseModel):
     scontrol: NameOrPath = "scontrol"  # looked up on $PATH, or a path
     sinfo: NameOrPath = "sinfo"
     ctld: CtldConfig = Field(default_factory=CtldConfig)  # the controller's hooks (EpilogSlurmctld, PrologSlurmctld)
+
+    _metrics_address = field_validator("metrics_address")(host_port)
 
     @field_validator("reason_prefix")
     @classmethod

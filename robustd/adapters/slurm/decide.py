@@ -41,6 +41,9 @@ class Health:
     faults: tuple[Cond, ...]  # CRITICAL conditions whose action is in drain_actions, worst first
     seq: int  # the verdict's (or the agent's table's) seq
     boot_id: str
+    # (component, code, seq) of faults the agent read as stale news (an event older than slurm.max_event_age):
+    # they keep a drain robustd holds, but never start one.
+    stale: frozenset[tuple[str, str, int]] = frozenset()
 
     @property
     def bad(self) -> bool:
@@ -55,11 +58,17 @@ class Health:
         return max((c.seq for c in self.faults), default=0)
 
 
-def assess(conditions: list[Cond] | tuple[Cond, ...], cfg: SlurmConfig, seq: int, boot_id: str) -> Health:
+def drain_worthy(c: Cond, cfg: SlurmConfig) -> bool:
+    return c.severity is Severity.CRITICAL and c.action in cfg.drain_actions
+
+
+def assess(conditions: list[Cond] | tuple[Cond, ...], cfg: SlurmConfig, seq: int, boot_id: str,
+           stale: frozenset[tuple[str, str, int]] = frozenset()) -> Health:
     """Drain-worthy conditions, worst first: most drastic action, then the oldest change (a stable reason)."""
-    faults = [c for c in conditions if c.severity is Severity.CRITICAL and c.action in cfg.drain_actions]
+    faults = [c for c in conditions if drain_worthy(c, cfg)]
     faults.sort(key=lambda c: (-c.action, c.seq, c.component, c.code))
-    return Health(faults=tuple(faults), seq=seq, boot_id=boot_id)
+    held = frozenset((c.component, c.code, c.seq) for c in faults) & stale
+    return Health(faults=tuple(faults), seq=seq, boot_id=boot_id, stale=held)
 
 
 class Do(enum.Enum):
@@ -235,6 +244,11 @@ def decide(cfg: SlurmConfig, h: Health, node: NodeView, st: AgentState, now: flo
         return Plan(Do.NOTHING, note=note), st
     if respected(st, h):
         return Plan(Do.NOTHING, note=note), st
+    fresh = tuple(c for c in h.faults if (c.component, c.code, c.seq) not in h.stale)
+    if not fresh:
+        return Plan(Do.NOTHING, note=note or f"{node.name}: not draining for {fault_text(h)}: stale news (read "
+                    f"later than slurm.max_event_age after it happened)"), st
+    h = replace(h, faults=fresh)
     recent = recent_resumes(st, now)
     flapping = bool(recent) and len(recent) >= cfg.max_resumes
     worst = h.worst

@@ -212,6 +212,10 @@ def prolog(hook: Hook) -> int:
         return EXIT_OK
     if r is not None and (r.suppressed is not None or (r.state is not None and respected(r.state, h))):
         return EXIT_OK  # the breaker, or an operator's resume, keeps this node in service
+    if hook.actor.shadow:
+        log.warning("would refuse the job: node %s is CRITICAL (%s); slurm.mode is shadow: letting it start",
+                    hook.node, fault_text(h))
+        return EXIT_OK
     log.error("refusing the job: node %s is CRITICAL (%s); drained: %s", hook.node, fault_text(h),
               (r.state.drain.reason if r and r.state and r.state.drain else "by someone else, or not yet"))
     return EXIT_REFUSE
@@ -368,6 +372,7 @@ def status(hook: Hook, as_json: bool) -> int:
         doc.pop("watch", None)
         doc["watch_seq"] = st.table.seq if st.table else 0
         doc["node"] = hook.node
+        doc["mode"] = hook.cfg.mode
         doc["slurm"] = ({"state": node.state, "flags": sorted(node.flags), "reason": node.reason,
                          "partitions": list(node.partitions)} if node else {"error": slurm_error})
         if st.suppressed:
@@ -385,7 +390,7 @@ def status_text(name: str, cfg: SlurmConfig, st: AgentState, node: NodeView | No
     def when(t: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
-    lines = [f"node {name}: Slurm " + (node.describe() if node else f"unknown ({slurm_error})")]
+    lines = [f"node {name}: Slurm " + (node.describe() if node else f"unknown ({slurm_error})"), f"mode: {cfg.mode}"]
     if st.drain:
         lines.append(f"drained by robustd ({st.drain.mode}) since {when(st.drain.at)}: {st.drain.reason}")
         if st.flapping:
@@ -405,5 +410,17 @@ def status_text(name: str, cfg: SlurmConfig, st: AgentState, node: NodeView | No
                      "are left alone until a new fault event")
     if st.suppressed:
         lines.append(f"WARNING {st.suppressed.text()} (since {when(st.suppressed.since)})")
+    if st.stale_events:
+        lines.append(f"stale events read (older than slurm.max_event_age {cfg.max_event_age:g}s, no drain for them): "
+                     f"{st.stale_events}")
+    if st.shadow is not None and (cfg.mode == "shadow" or st.shadow.counts):
+        sh = st.shadow
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(sh.counts.items())) or "none yet"
+        lines.append(f"shadow decisions (would, not carried out): {counts}")
+        lines.extend(f"  {when(r['at'])} {r['text']}" for r in sh.recent)
+        if sh.state.drain is not None:
+            lines.append(f"shadow: would hold {name} drained since {when(sh.state.drain.at)}: {sh.state.drain.reason}")
+        if sh.state.suppressed is not None:
+            lines.append(f"shadow: {sh.state.suppressed.text()}")
     lines.append(f"watch position: after seq {st.table.seq if st.table else 0}")
     return render.lines(lines)

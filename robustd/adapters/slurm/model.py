@@ -82,6 +82,36 @@ class SelfCheck:
     message: str = ""
 
 
+SHADOW_RECENT = 20  # the would-decisions kept in the state file (the counts keep the rest)
+
+
+@dataclass
+class Shadow:
+    """slurm.mode shadow: the state robustd would have reached had it acted (decided by the same rules, on
+    Slurm's real node with this would-be drain laid over it), and its would-decisions, counted by kind
+    (drain, down, reboot, resume, set_reason) with the last SHADOW_RECENT of them in the log's words."""
+
+    state: AgentState
+    counts: dict[str, int] = field(default_factory=dict)
+    recent: list[dict[str, Any]] = field(default_factory=list)  # {"at": wall clock, "kind": ..., "text": ...}
+
+    def record(self, kind: str, text: str, at: float) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.recent = [*self.recent, {"at": at, "kind": kind, "text": text}][-SHADOW_RECENT:]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state.to_json(), "counts": dict(self.counts), "recent": list(self.recent)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Shadow:
+        if not isinstance(data, dict):
+            raise ValueError("shadow: not an object")
+        recent = [{"at": float(r["at"]), "kind": str(r["kind"]), "text": str(r["text"])}
+                  for r in data.get("recent", [])][-SHADOW_RECENT:]
+        return cls(state=AgentState.from_json(data.get("state")),
+                   counts={str(k): int(v) for k, v in dict(data.get("counts", {})).items()}, recent=recent)
+
+
 @dataclass
 class AgentState:
     """What robustd did to this node and why; shared by the agent and the hooks through the state file."""
@@ -95,6 +125,10 @@ class AgentState:
     suppressed: Suppression | None = None
     self_check: SelfCheck | None = None
     table: Table | None = None  # the agent's Watch position (its seq is the last event handled)
+    # Faults read as stale news ([component, code, seq]: no new drain for them) and how many such events were read.
+    stale: list[tuple[str, str, int]] = field(default_factory=list)
+    stale_events: int = 0
+    shadow: Shadow | None = None  # slurm.mode shadow: what robustd would have done (the fields above: what it did)
 
     def copy(self) -> AgentState:
         return copy.deepcopy(self)
@@ -105,7 +139,9 @@ class AgentState:
                 "resumes": self.resumes, "flapping": self.flapping, "respect_until_seq": self.respect_until_seq,
                 "suppressed": asdict(self.suppressed) if self.suppressed else None,
                 "self_check": asdict(self.self_check) if self.self_check else None,
-                "watch": self.table.to_json() if self.table else None}
+                "watch": self.table.to_json() if self.table else None,
+                "stale": [list(k) for k in self.stale], "stale_events": self.stale_events,
+                "shadow": self.shadow.to_json() if self.shadow else None}
 
     @classmethod
     def from_json(cls, data: Any) -> AgentState:
@@ -121,8 +157,11 @@ class AgentState:
                        respect_until_seq=int(data.get("respect_until_seq", 0)),
                        suppressed=Suppression(**data["suppressed"]) if data.get("suppressed") else None,
                        self_check=SelfCheck(**data["self_check"]) if data.get("self_check") else None,
-                       table=Table.from_json(data.get("watch")))
-        except (TypeError, ValueError) as e:
+                       table=Table.from_json(data.get("watch")),
+                       stale=[(str(k[0]), str(k[1]), int(k[2])) for k in data.get("stale", [])],
+                       stale_events=int(data.get("stale_events", 0)),
+                       shadow=Shadow.from_json(data["shadow"]) if data.get("shadow") else None)
+        except (TypeError, ValueError, KeyError) as e:
             raise ValueError(f"malformed robustd-slurm state: {e}") from None
 
 
