@@ -596,8 +596,8 @@ ACT_KIND = {"drained": "drain", "downed": "down", "reboot requested for": "reboo
 
 
 def decisions(log: str, node: str) -> list[tuple[str, str, str]]:
-    """(kind, node, reason with its seq left out) of each drain/resume of `node` the agent carried out or would
-    have."""
+    """(kind, node, reason with its seq and evidence id left out) of each drain/resume of `node` the agent
+    carried out or would have."""
     out = []
     pattern = re.compile(DECISION.format(node=re.escape(node)))
     for line in log.splitlines():
@@ -605,7 +605,8 @@ def decisions(log: str, node: str) -> list[tuple[str, str, str]]:
         if m is None:
             continue
         kind = ACT_KIND[m[1]] if m[1] else m[2]
-        reason = re.sub(r", seq \d+\)", ")", m[4].strip()) if kind != "resume" else ""
+        # The seq, and the evidence bundle act makes for its drain (shadow writes no reason: it makes none).
+        reason = re.sub(r" ev=\S+$", "", re.sub(r", seq \d+\)", ")", m[4].strip())) if kind != "resume" else ""
         out.append((kind, m[3], reason))
     return out
 
