@@ -430,5 +430,5 @@ def test_robustctl_end_to_end_exit_codes(tmp_path: Path) -> None:
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'pyarrow'\", name='pyarrow')\n")
     r = _robustctl_process("--metadata", meta, "--trace", trace, env={"PYTHONPATH": str(shim.parent)})
-    assert r.returncode == 1 and "needs pyarrow" in r.stderr and "requirements-analysis.txt" in r.stderr
+    assert r.returncode == 5 and "needs pyarrow" in r.stderr and "requirements-analysis.txt" in r.stderr
     assert "Traceback" not in r.stderr

@@ -12,12 +12,13 @@ from typing import Any
 import grpc
 
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.cli import exitcodes
 from robustd.durations import format_duration
 from robustd.socketpath import UntrustedSocket, check_socket
 
-EXIT_UNREACHABLE = 3
-EXIT_RPC = 4
-EXIT_USAGE = 64
+EXIT_UNREACHABLE = exitcodes.UNREACHABLE
+EXIT_RPC = exitcodes.RPC
+EXIT_USAGE = exitcodes.USAGE
 
 
 class CliError(Exception):

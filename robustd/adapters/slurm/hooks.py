@@ -53,6 +53,7 @@ log = logging.getLogger("robustd.slurm")
 EXIT_OK = 0
 EXIT_REFUSE = 1  # prolog: Slurm drains the node (robustd already did) and requeues the job
 EXIT_WARNING = 1  # status: SLURM_DRAIN_SUPPRESSED or flapping stands
+EXIT_CONFIG = 78  # status: the config cannot be used (sysexits EX_CONFIG; 1 would read as a warning)
 
 
 class _OutOfTime(BaseException):
@@ -117,7 +118,7 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
         hook = Hook(verb, config_path, socket, rpc_timeout)
     except ConfigError as e:
         log.error("invalid config %s; changing nothing:\n%s", config_path, e)
-        return 1 if verb == "status" else EXIT_OK
+        return EXIT_CONFIG if verb == "status" else EXIT_OK
     if verb == "status":
         return status(hook, as_json)
     previous = signal.signal(signal.SIGALRM, _alarm)
