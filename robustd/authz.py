@@ -59,6 +59,11 @@ READ_ONLY = frozenset({
     "/robustd.v1.Diagnostics/ListGoldens",
     "/robustd.v1.Diagnostics/Triage",  # pure: judges the logs it is sent, touches nothing on the node
     "/robustd.v1.Diagnostics/GetTriage",
+    # Evidence: what the reads above already show, kept; Create is what the adapters call before they act, so it
+    # is open too, and bounded for unprivileged callers (evidence.max_creates_per_minute, robustd/api/evidence.py).
+    "/robustd.v1.Evidence/Create",
+    "/robustd.v1.Evidence/List",
+    "/robustd.v1.Evidence/Get",
 })
 NO_IDENTITY = "callers without an identity"  # their refusals are counted together
 _SAN_OID = bytes.fromhex("0603551d11")  # DER of OID 2.5.29.17, subjectAltName

@@ -241,7 +241,17 @@ class DiagnosticsConfig(Strict):
             bad = [t for t in names if tests is not None and t not in tests]
             if bad:
                 raise ValueError(f"level {name!r}: unknown tests {bad} (known: {', '.join(sorted(tests or ()))})")
-        return levels
+        return {**_default_levels(), **levels}  # the file's levels over the built-in ones, which it need not repeat
+
+
+def levels_note(diagnostics: DiagnosticsConfig) -> str:
+    """One line naming the diagnostic levels in force and where each comes from, for the start and reload logs:
+    a file that sets `diagnostics.levels` adds to the built-in levels (a level of the same name replaces one)."""
+    builtin = _default_levels()
+    own = [n for n, tests in diagnostics.levels.items() if builtin.get(n) != tests]
+    kept = [n for n in diagnostics.levels if n not in own]
+    return (f"diagnostics levels {', '.join(sorted(diagnostics.levels))} (built in: {', '.join(kept) or 'none'}; "
+            f"from the config: {', '.join(own) or 'none'})")
 
 
 def _regex(pattern: str) -> str:
@@ -266,6 +276,16 @@ class TracerConfig(Strict):
     concurrency: int = Field(default=8, ge=1, le=256)  # py-spy children at once
     max_processes: int = Field(default=256, ge=1)
     py_spy: NameOrPath | None = None  # the py-spy binary; default: beside the daemon's interpreter, then $PATH
+
+
+class EvidenceConfig(Strict):
+    """Evidence bundles under state_dir/evidence/ (robustd/evidence.py), bounded in count and bytes."""
+
+    keep: int = Field(default=50, ge=1, le=100_000, strict=True)  # the newest kept
+    max_bundle_bytes: int = Field(default=1 << 20, ge=4096, le=1 << 30, strict=True)  # each; trimmed to fit
+    max_bytes: int = Field(default=64 << 20, ge=4096, le=1 << 40, strict=True)  # the directory; oldest go first
+    # Creates per minute by each caller not allowed disruptive RPCs (the adapters run as root: not counted).
+    max_creates_per_minute: int = Field(default=6, ge=0, le=10_000, strict=True)
 
 
 class RootsConfig(Strict):
@@ -293,6 +313,7 @@ class Config(Strict):
     roots: RootsConfig = Field(default_factory=RootsConfig)
     diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tracer: TracerConfig = Field(default_factory=TracerConfig)
+    evidence: EvidenceConfig = Field(default_factory=EvidenceConfig)
     checks: dict[str, Any] = Field(default_factory=dict)  # validated per check, see load_config
 
     @model_validator(mode="before")
@@ -304,7 +325,8 @@ class Config(Strict):
         return data
 
 
-_MAPPINGS = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "checks")
+_MAPPINGS = ("listen", "authz", "metrics", "retention", "policy", "roots", "diagnostics", "tracer", "evidence",
+             "checks")
 
 
 @dataclass(frozen=True)
@@ -437,8 +459,8 @@ def _level_names(data: Mapping[str, Any]) -> frozenset[str]:
     them even while diagnostics itself has a problem, which is then reported at its own key)."""
     levels: Any = _default_levels()
     diagnostics = data.get("diagnostics")
-    if isinstance(diagnostics, dict):
-        levels = diagnostics.get("levels", levels)
+    if isinstance(diagnostics, dict) and isinstance(diagnostics.get("levels"), dict):
+        levels = {**levels, **diagnostics["levels"]}  # merged over the built-in ones, as DiagnosticsConfig does
     return frozenset(str(k) for k in levels) if isinstance(levels, dict) else frozenset()
 
 

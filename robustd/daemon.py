@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2
 from robustd import __version__, checkset, reload, server
 from robustd.api.diagnostics import DiagnosticsServicer
 from robustd.api.diagnostics_convert import migrate_reports
+from robustd.api.evidence import EvidenceServicer
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
 from robustd.api.v1 import robustd_pb2 as pb
@@ -36,11 +37,12 @@ from robustd.boots import BootHistory
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import discover_checks
 from robustd.cli.args import examples
-from robustd.config import ConfigError, Schema, Settings, load_config, parse_config
+from robustd.config import ConfigError, Schema, Settings, levels_note, load_config, parse_config
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
+from robustd.evidence import EvidenceStore
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
 from robustd.owned import Owned
@@ -158,8 +160,8 @@ class Daemon:
         self.engine.listeners.append(self._on_events)
         await self._update_health()
         self.notifier.ready(self._summary())
-        log.info("robustd %s ready on %s (node %s, %d checks)", __version__, cfg.listen.unix, cfg.node_name,
-                 len(self.runner.states))
+        log.info("robustd %s ready on %s (node %s, %d checks; %s)", __version__, cfg.listen.unix, cfg.node_name,
+                 len(self.runner.states), levels_note(cfg.diagnostics))
         self.ticker = asyncio.get_running_loop().create_task(self._tick_loop(), name="tick")
 
     async def _stop(self) -> None:
@@ -252,12 +254,20 @@ class Daemon:
             DiagnosticsServicer(self.diag),
             TracerServicer(cfg.node_name, lambda: self.settings.config.tracer, lambda: self.settings.roots(),
                            lambda: self._gpu_inventory().compute_pids),
-            self.health)
+            self.health,
+            EvidenceServicer(self.engine.view, EvidenceStore(cfg.state_dir, self._evidence_limits), self.diag,
+                             self._gpu_inventory, cfg.node_name, self.boot_id, lambda: self.settings.config.evidence,
+                             self.authz))
         await server.start_listening(grpc_server, self.front, listen)
         st = os.lstat(listen.unix)
         self.socket_id = (st.st_dev, st.st_ino)
         server.warn_unknown_groups(cfg.authz.disruptive.unix_groups)
         return grpc_server
+
+    def _evidence_limits(self) -> tuple[int, int, int]:
+        """(keep, max_bundle_bytes, max_bytes) of the running config: a reload applies them at the next bundle."""
+        e = self.settings.config.evidence
+        return e.keep, e.max_bundle_bytes, e.max_bytes
 
     def _start_metrics(self) -> None:
         from robustd.metrics import DaemonProbe
@@ -300,7 +310,8 @@ class Daemon:
         severity, _ = worst(self.engine.view.conditions())
         serving = health_pb2.HealthCheckResponse.SERVING
         await self.health.set("", serving)
-        await self.health.set(pb.DESCRIPTOR.services_by_name["NodeHealth"].full_name, serving)
+        for name in ("NodeHealth", "Evidence"):
+            await self.health.set(pb.DESCRIPTOR.services_by_name[name].full_name, serving)
         await self.health.set(NODE_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING
                               if severity is Severity.CRITICAL else serving)
 
@@ -353,8 +364,9 @@ class Daemon:
             self.notifier.send(f"READY=1\nSTATUS=reload failed part way (see the log); {self._summary()}")
             return
         self.notifier.send(f"READY=1\nSTATUS={self._summary()}")
-        log.info("config reloaded from %s: %s", self.config_path,
-                 f"applied {', '.join(sorted(set(applied)))}" if applied else "no changes to apply")
+        log.info("config reloaded from %s: %s; %s", self.config_path,
+                 f"applied {', '.join(sorted(set(applied)))}" if applied else "no changes to apply",
+                 levels_note(merged.config.diagnostics))
 
     async def _read_config(self) -> Settings | None:
         """The config file validated, read off the event loop within RELOAD_READ_TIMEOUT; None (logged, the

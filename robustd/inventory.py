@@ -8,7 +8,8 @@ told which GPUs to use) and the tracer (GPU processes are training processes) re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
@@ -18,6 +19,9 @@ class GpuDevice:
     bus_id: str  # dddd:bb:dd.f as the kernel writes it (indexN for a GPU lost before it could be read)
     uuid: str
     name: str
+    # NVML's readings at the last poll (temperature_c, utilization_pct, power_w, ...): what an evidence bundle
+    # shows of the GPUs a decision is about; a reading that failed or is not supported is absent.
+    readings: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

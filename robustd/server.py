@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from robustd.api.diagnostics import DiagnosticsServicer
+from robustd.api.evidence import EvidenceServicer
 from robustd.api.requests import RequestInterceptor
 from robustd.api.servicer import NodeHealthServicer
 from robustd.api.tracer import TracerServicer
@@ -29,7 +30,7 @@ from robustd.startup import StartError, check_port
 from robustd.tls import server_credentials
 
 log = logging.getLogger("robustd")
-SERVICES = ("NodeHealth", "Diagnostics", "Tracer")  # robustd.v1 services, listed by reflection
+SERVICES = ("NodeHealth", "Diagnostics", "Tracer", "Evidence")  # robustd.v1 services, listed by reflection
 
 
 def unix_front(listen: ListenConfig) -> UnixFront:
@@ -48,11 +49,13 @@ def grpc_server(listen: ListenConfig, authz: Authorizer) -> grpc.aio.Server:
 
 
 def add_services(server: grpc.aio.Server, node_health: NodeHealthServicer, diagnostics: DiagnosticsServicer,
-                 tracer: TracerServicer, health_servicer: health.aio.HealthServicer) -> None:
+                 tracer: TracerServicer, health_servicer: health.aio.HealthServicer,
+                 evidence: EvidenceServicer) -> None:
     """robustd.v1's services, grpc.health.v1 and server reflection."""
     add_node_health(server, node_health)
     pb_grpc.add_DiagnosticsServicer_to_server(diagnostics, server)
     pb_grpc.add_TracerServicer_to_server(tracer, server)
+    pb_grpc.add_EvidenceServicer_to_server(evidence, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*(pb.DESCRIPTOR.services_by_name[s].full_name for s in SERVICES),
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)

@@ -57,7 +57,7 @@ def _quote(word: str) -> str:
 
 def test_verbs_and_options_complete_from_the_parser(bin_dir: Path, tmp_path: Path) -> None:
     nowhere = str(tmp_path / "none.sock")
-    assert complete("robustctl ev", bin_dir, nowhere) == ["events"]
+    assert complete("robustctl ev", bin_dir, nowhere) == ["events", "evidence"]
     assert set(complete("robustctl ", bin_dir, nowhere)) >= {"status", "watch", "events", "ack", "diag"}
     assert complete("robustctl ack --rea", bin_dir, nowhere) == ["--reason"]
 

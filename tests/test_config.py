@@ -35,6 +35,8 @@ def check_config(path: Path) -> subprocess.CompletedProcess[str]:
     ("checks:\n  gpu:\n    outlier_min_gpus: 1\n", "checks.gpu.outlier_min_gpus", 3, "greater than or equal to 2"),
     ("policy:\n  codes:\n    XID_13: {severity: SEVERE}\n", "policy.codes.XID_13.severity", 3, "must be one of"),
     ("checks:\n  kernl: {}\n", "checks.kernl", 2, "unknown check"),
+    ("evidence:\n  keep: 0\n", "evidence.keep", 2, "greater than or equal to 1"),
+    ("evidence:\n  keep: 5\n  max_bundle_bytes: 1MiB\n", "evidence.max_bundle_bytes", 3, "integer"),
     ("listen:\n  unix: [unclosed\n", "", 3, "malformed YAML"),
     ("- just\n- a list\n", "", 1, "mapping"),
 ])

@@ -227,7 +227,9 @@ def test_health_service_reflection_and_socket_mode(daemon: Daemon) -> None:
         reply = next(iter(r.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
                                                  timeout=5)))
         names = {s.name for s in reply.list_services_response.service}
-        assert {"robustd.v1.NodeHealth", "grpc.health.v1.Health"} <= names
+        assert {"robustd.v1.NodeHealth", "robustd.v1.Evidence", "grpc.health.v1.Health"} <= names
+        assert h.Check(health_pb2.HealthCheckRequest(service="robustd.v1.Evidence"), timeout=5).status == \
+            health_pb2.HealthCheckResponse.SERVING
 
 
 def checks_by_name(d: Daemon) -> dict[str, pb.CheckInfo]:

@@ -70,7 +70,7 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"made": ("checks",), "judged": ("robustd.policy", "robustd.boots"),
      "stored": ("robustd.store", "robustd.writer", "robustd.reads", "robustd.journal")},
     {"core": ("robustd.hub", "robustd.engine", "robustd.runner", "robustd.checkset", "robustd.owned",
-              "robustd.diagnostics", "robustd.tracer", "robustd.reload", "robustd.authz")},
+              "robustd.diagnostics", "robustd.tracer", "robustd.reload", "robustd.authz", "robustd.evidence")},
     {"served": ("robustd.api", "robustd.metrics", "robustd.metrics_http", "robustd.server", "robustd.daemon")},
     # what a client of the API is made of: the adapters' common base, robustctl's views and verbs
     # (robustd.fleet.diagnose: the job-level diagnosis dials the daemons as robustctl does; the rest of

@@ -59,9 +59,13 @@ def test_sighup_applies_diagnostics_changes(make_daemon: Any) -> None:
     d = make_daemon({"checks": {"kernel": {"enabled": False}}})
     d.start()
     assert start_run(d, level="smoke") == grpc.StatusCode.INVALID_ARGUMENT  # no such level yet
-    line = reload(d, {"diagnostics": {"levels": {"smoke": ["all_to_all"]}}})
+    line = reload(d, {"diagnostics": {"levels": {"smoke": ["all_to_all"], "quick": ["minigpt"]}}})
     assert "applied diagnostics" in line, line
+    # merged over the built-in levels, and said so: the file's quick replaces the built-in one
+    assert "diagnostics levels full, quick, smoke, standard (built in: standard, full; from the config: quick, " \
+           "smoke)" in line, line
     assert start_run(d, level="smoke") is None  # the new level is live
+    assert start_run(d, level="full") is None  # and the built-in levels the file does not mention stay
 
 
 def test_sighup_applies_tracer_changes(make_daemon: Any, short_tmp: Path) -> None:
@@ -106,7 +110,7 @@ def test_sighup_logs_each_key_added_removed_and_changed(make_daemon: Any) -> Non
     assert "added diagnostics.levels.smoke=[\"all_to_all\"]" in changes, changes
     assert "removed policy.codes.XID_13" in changes, changes
     assert "changed policy.clear_after: 2m -> 5m" in changes, changes
-    assert "removed diagnostics.levels.quick" in changes  # the file's levels replace the built-in ones
+    assert "diagnostics.levels.quick" not in changes  # the file's levels merge over the built-in ones (issue 31)
     assert "node_name" not in changes and "listen" not in changes  # what did not change is not listed
 
     line = reload(d, {})  # the same file again

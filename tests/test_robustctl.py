@@ -235,6 +235,28 @@ def test_watch_from_seq_ahead_of_log_exits_4(daemon: Daemon) -> None:
     assert "Traceback" not in r.stderr
 
 
+def test_watch_from_seq_1_on_an_empty_log_waits_for_the_first_event(daemon: Daemon) -> None:
+    """from_seq = head + 1 on an empty log is "nothing yet": the RPC and robustctl stream from there (it was
+    OUT_OF_RANGE, so a client that starts from 1 on a fresh node failed until the first fault)."""
+    from robustd.api.v1 import robustd_pb2 as pb
+
+    assert daemon.verdict().seq == 0
+
+    call = daemon.stub().Watch(pb.WatchRequest(from_seq=1), timeout=20)
+    assert dict(call.initial_metadata())["robustd-head-seq"] == "0"
+    w = Lines(daemon, "watch", "--json", "--from-seq", "1")
+    try:
+        time.sleep(0.3)
+        assert w.proc.poll() is None, f"robustctl exited {w.proc.returncode}"
+        raise_xid(daemon, XID79, "d7", "XID_79")
+        assert w.next_json()["seq"] == 1
+        assert next(call).seq == 1
+    finally:
+        call.cancel()
+        rc, err = w.stop()
+    assert (rc, err) == (0, ""), err
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     sock = tmp_path / "missing.sock"
     r = robustctl("--socket", str(sock), "status")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -565,3 +566,19 @@ def test_on_critical_down_kills_the_job_and_resumes(make_node: Any, slurm: Slurm
     slurm.wait_for(lambda: slurm.job_state(job) != "RUNNING", 15, "the job no longer running")
     n.clear()
     wait_idle(slurm, n, timeout=20)
+
+
+def test_a_drain_reason_carries_its_evidence_bundle_id(make_node: Any, slurm: SlurmCluster) -> None:
+    """Issue 31: `sinfo -R` leads to the evidence: the reason ends in ` ev=<id>`, and that bundle is robustd's."""
+    n = make_node()
+    n.agent.start()
+    n.agent.wait_connected()
+    n.fault(0, "ecc-dbe")
+    _, reason = wait_drained(slurm, n)
+    m = re.search(r" ev=(ev-\S+)$", reason)
+    assert m and reason.startswith("robustd: GPU_ECC_DBE on gpu/"), reason
+    shown = n.d.robustctl("evidence", "show", m.group(1))
+    assert shown.returncode == 0, shown.stderr
+    bundle = json.loads(shown.stdout)
+    assert bundle["id"] == m.group(1) and bundle["reason"] == reason.removesuffix(m.group(0))
+    assert any(c["code"] == "GPU_ECC_DBE" for c in bundle["verdict"]["conditions"])

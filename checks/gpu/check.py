@@ -103,7 +103,7 @@ class GpuCheck(Check):
         return self._published
 
     def _publish(self) -> None:
-        devices = tuple(GpuDevice(index=i, bus_id=g.bus, uuid=g.uuid, name=g.name)
+        devices = tuple(GpuDevice(index=i, bus_id=g.bus, uuid=g.uuid, name=g.name, readings=_readings(g))
                         for i, g in enumerate(self.inventory))
         self._published = GpuInventory(devices=devices, driver=self.driver_version, compute_pids=self.compute_pids,
                                        emulated=self._emulated, polled_at=time.time(), nvml_library=self._library)
@@ -346,6 +346,7 @@ class GpuCheck(Check):
         """One GPU's readings, each fault as a finding; its compute pids and utilization are gathered too."""
         comp = f"gpu/{g.bus}"
         g.util = g.sm_clock = g.power_mw = g.reasons = None  # this poll's, for the relative checks
+        g.readings = {}
         out = self._temp_high(g, comp, cfg) + self._hw_slowdown(g, comp, cfg, now) + self._memory_errors(g, comp)
         util = self._opt(comp, pynvml.nvmlDeviceGetUtilizationRates, g.handle)
         if util is not None:
@@ -449,6 +450,7 @@ class GpuCheck(Check):
         temp = self._temperature(comp, g.handle)
         if temp is None:
             return []
+        g.readings["temperature_c"] = temp
         levels = self._thresholds.temperature
         if g.shutdown and temp >= g.shutdown - cfg.temp_critical_margin:
             lv = levels.near_shutdown
@@ -479,12 +481,16 @@ class GpuCheck(Check):
         out: list[Finding] = []
         dbe = self._opt(comp, pynvml.nvmlDeviceGetTotalEccErrors, g.handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                         pynvml.NVML_VOLATILE_ECC)
+        if dbe is not None:
+            g.readings["ecc_uncorrected_volatile"] = int(dbe)
         if dbe:
             out.append(self._finding(comp, "GPU_ECC_DBE", f"{dbe} uncorrectable ECC errors since the last GPU reset",
                                      count=str(dbe)))
         rows = self._opt(comp, pynvml.nvmlDeviceGetRemappedRows, g.handle)
         if rows is not None:
             corr, unc, pending, failure = rows
+            g.readings.update(remapped_rows_correctable=corr, remapped_rows_uncorrectable=unc,
+                              remap_pending=int(bool(pending)), remap_failure=int(bool(failure)))
             ev = {"correctable_rows": str(corr), "uncorrectable_rows": str(unc)}
             if pending:
                 out.append(self._finding(comp, "GPU_ROW_REMAP_PENDING", "row remap pending: reset the GPU to apply it",
@@ -497,6 +503,7 @@ class GpuCheck(Check):
         """A narrower link always counts; a lower generation only while the GPU is busy (it idles down)."""
         width = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkWidth, g.handle)
         gen = self._opt(comp, pynvml.nvmlDeviceGetCurrPcieLinkGeneration, g.handle)
+        g.readings.update({k: int(v) for k, v in (("pcie_width", width), ("pcie_gen", gen)) if v is not None})
         if width is not None and g.max_width and width < g.max_width:
             return [self._finding(comp, "GPU_PCIE_WIDTH_DEGRADED", f"PCIe link x{width}, max x{g.max_width}",
                                   width=str(width), max_width=str(g.max_width), generation=str(gen))]
@@ -677,3 +684,14 @@ class GpuCheck(Check):
                               f"{len(pids)} GPU processes alive, GPUs idle and network quiet for {idle:.0f}s",
                               pids=",".join(str(p) for p in sorted(pids)), max_utilization=f"{max(utils)}%",
                               traffic_bytes_per_s=f"{rate:.0f}", idle_for=f"{idle:.0f}s")]
+
+
+def _readings(g: _Gpu) -> dict[str, float]:
+    """One GPU's readings of its last poll, for robustd.inventory.GpuDevice.readings (evidence bundles)."""
+    out = dict(g.readings)
+    for key, value in (("utilization_pct", g.util), ("sm_clock_mhz", g.sm_clock),
+                       ("power_w", None if g.power_mw is None else g.power_mw / 1000.0),
+                       ("clocks_event_reasons", g.reasons)):
+        if value is not None:
+            out[key] = value
+    return out

@@ -40,6 +40,7 @@ class _Gpu:
     reasons: int | None = None  # the clock event (throttle) reasons mask
     clock_low_since: float | None = None  # first poll (monotonic) of its current run below the median clock
     power_low_since: float | None = None  # the same for power
+    readings: dict[str, float] = field(default_factory=dict)  # this poll's other readings, published for evidence
 
 
 class _Current:

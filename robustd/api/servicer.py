@@ -85,7 +85,9 @@ class NodeHealthServicer(pb_grpc.NodeHealthServicer):
                 last = head
             else:
                 head, pruned = view.head_seq(), view.pruned_through()
-                if last > head:
+                if head == 0 and last == 1:
+                    last = 0  # an empty log: "after the first event" is "nothing yet", stream every event from here
+                elif last > head:
                     await context.abort(grpc.StatusCode.OUT_OF_RANGE,
                                         f"from_seq {last} is ahead of this node's event log (newest seq {head}); "
                                         "its state was reset: re-snapshot with from_seq=0")

@@ -3,7 +3,7 @@
 Scripts branch on them, so they are a contract. Three mean the same for every verb that asks a daemon
 (3 unreachable, 4 any other RPC error) and two for every verb (64 usage error, 130 Ctrl-C); the rest
 are the verb's own outcomes, never one of those. `--help` of each verb, the man page's EXIT STATUS
-(scripts/gen-man.py) and the README's table are all made from `VERBS`; tests/test_cli_contract.py
+(scripts/gen-man.py) and the README's table are all made from `VERBS`; tests/test_cli_exit_codes.py
 checks that they agree and that the verbs return these codes.
 """
 
@@ -15,6 +15,7 @@ OK = 0
 UNREACHABLE = 3  # the daemon (or, for fleet verbs, every host that mattered) could not be reached
 RPC = 4  # any other RPC error: the daemon's status code and details are printed
 USAGE = 64  # sysexits EX_USAGE; argparse's own 2 would read as CRITICAL
+CANTCREAT = 73  # sysexits EX_CANTCREAT: an output file cannot be written (evidence export)
 CONFIG = 78  # sysexits EX_CONFIG: the config file cannot be used (slurm status)
 INTERRUPTED = 130  # 128 + SIGINT
 TERMINATED = 143  # 128 + SIGTERM
@@ -98,6 +99,12 @@ VERBS: dict[str, tuple[tuple[int, str], ...]] = {
                          (UNREADABLE, "the directory or its metadata cannot be read (--once)"),
                          (MISSING_PACKAGE, "numpy, pyarrow or matplotlib is not installed"),
                          (USAGE, "usage error or a malformed trace")),
+    "evidence list": (*_DONE, *_DAEMON, *_USAGE),
+    "evidence show": (*_DONE, *_DAEMON[:1], (RPC, "other RPC error (NOT_FOUND: no such bundle)"), *_USAGE),
+    "evidence export": ((OK, "written"), *_DAEMON[:1], (RPC, "other RPC error (NOT_FOUND: no such bundle)"),
+                        (CANTCREAT, "FILE cannot be written"), *_USAGE),
+    "evidence create": ((OK, "made"), *_DAEMON[:1],
+                        (RPC, "other RPC error (RESOURCE_EXHAUSTED: too many for an unprivileged caller)"), *_USAGE),
     "trace": ((OK, "every selected process captured"), (1, "some process not captured (each says why)"),
               *_DAEMON, *_USAGE),
     "triage": ((OK, "an answer"), (UNREADABLE, "a log cannot be read"), *_USAGE),

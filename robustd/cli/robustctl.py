@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     diag.add_parser(verb("diag", "stop-time diagnostics: run, list, show, cancel; golden digests",
                          "robustctl diag run --level quick\nrobustctl diag list"), _add_globals)
+    from robustd.cli import evidence
+
+    evidence.add_parser(verb("evidence", "evidence bundles (what robustd knew when a node was drained or cordoned): "
+                                         "list, show, export (tar.gz for an RMA), create",
+                             "robustctl evidence list\nrobustctl evidence export ev-20261203T061500.123Z-a1b2c3 "
+                             "rma.tar.gz"), _add_globals)
     from robustd.cli import fleet
 
     fleet.add_parser(verb("fleet", "many daemons: status, stacks (outlier parallel groups); planning: "
@@ -236,8 +242,8 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
             if established:
                 output.err(f"robustctl: reconnected; resuming after seq {last}")
             stream = stub.Watch(pb.WatchRequest(from_seq=last))
-            if last == 0:
-                last = head
+            if last == 0 or (head == 0 and last == 1):
+                last = head  # a snapshot's seqs, or an empty log where --from-seq 1 means "every event from here"
             established, backoff = True, 0.1
             for ev in stream:
                 if not ev.snapshot and ev.seq <= last:
@@ -325,6 +331,12 @@ def cmd_slurm(client: Client, args: argparse.Namespace) -> int:
     return slurm.run(args)
 
 
+def cmd_evidence(client: Client, args: argparse.Namespace) -> int:
+    from robustd.cli import evidence
+
+    return evidence.run(client, args)
+
+
 def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import fleet
 
@@ -333,7 +345,7 @@ def cmd_fleet(client: Client, args: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "status": cmd_status, "watch": cmd_watch, "events": cmd_events, "checks": cmd_checks, "ack": cmd_ack,
-    "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet,
+    "sim": cmd_sim, "diag": cmd_diag, "fleet": cmd_fleet, "evidence": cmd_evidence,
     "trace": cmd_trace, "stragglers": cmd_stragglers, "slurm": cmd_slurm, "triage": cmd_triage,
 }
 

@@ -4,7 +4,9 @@ sees protobuf but the report a run returns."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -15,6 +17,7 @@ from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.socketpath import UntrustedSocket, check_socket
 
+log = logging.getLogger("robustd.adapters")
 OUTCOMES = {pb.OUTCOME_PASS: "PASS", pb.OUTCOME_FAIL: "FAIL", pb.OUTCOME_CANCELLED: "CANCELLED",
             pb.OUTCOME_ERROR: "ERROR", pb.OUTCOME_RUNNING: "RUNNING"}
 
@@ -51,6 +54,27 @@ def get_verdict(socket: str, timeout: float) -> pb.Verdict:
         raise Unreachable(f"robustd at {socket}: {e.code().name}: {e.details()}") from None
     finally:
         channel.close()
+
+
+def evidence(socket: str, components: Sequence[str], codes: Sequence[str], reason: str, timeout: float) -> str | None:
+    """Evidence.Create: the id of a bundle robustd keeps for this decision, or None (logged, with why) when it
+    could not make one within `timeout`. Never raises: a drain must not wait on, nor fail for, its evidence."""
+    try:
+        channel = open_channel(socket)
+    except Unreachable as e:
+        log.warning("no evidence bundle for %r: %s", reason, e)
+        return None
+    try:
+        req = pb.CreateEvidenceRequest(components=list(components)[:16], codes=list(codes)[:16],
+                                       reason=reason.encode()[:512].decode(errors="ignore"))
+        return str(pb_grpc.EvidenceStub(channel).Create(req, timeout=timeout).id)
+    except grpc.RpcError as e:
+        log.warning("no evidence bundle for %r: robustd at %s: %s: %s", reason, socket, e.code().name, e.details())
+    except Exception as e:  # noqa: BLE001 - whatever goes wrong, the caller's decision goes on without an id
+        log.warning("no evidence bundle for %r: %s: %s", reason, type(e).__name__, e)
+    finally:
+        channel.close()
+    return None
 
 
 def record_triage(socket: str, job: str, verdict: pb.TriageResponse | None, timeout: float) -> None:

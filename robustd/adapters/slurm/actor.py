@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from robustd.adapters.common import client
 from robustd.adapters.common.model import Table
 from robustd.adapters.slurm.config import SlurmConfig
 from robustd.adapters.slurm.decide import (
+    REASON_MAX,
     Do,
     Health,
     Plan,
@@ -57,6 +59,8 @@ class Actor:
     node_name: str
     clock: Callable[[], float] = time.time
     lock_timeout: float = 60.0
+    socket: str = ""  # robustd's: an evidence bundle is asked for before each drain ("": none)
+    evidence_timeout: float = 5.0
     _last_note: str = field(default="", init=False)
     _last_warning: str = field(default="", init=False)
 
@@ -124,6 +128,7 @@ class Actor:
                 if fresh.out_of_service:
                     self._note(f"{name} was taken out by someone else meanwhile ({fresh.describe()}); not draining")
                     return Result(Plan(Do.NOTHING), fresh, state=st)
+                plan = replace(plan, reason=self._with_evidence(plan.reason, h))
                 {"drain": self.slurm.drain, "down": self.slurm.down,
                  "reboot": self.slurm.reboot}[plan.mode](name, plan.reason)
                 log.warning("%s %s: %s", {"drain": "drained", "down": "downed", "reboot": "reboot requested for"}
@@ -142,6 +147,16 @@ class Actor:
         if plan.do in (Do.DRAIN, Do.RESUME, Do.SET_REASON):
             st = applied(plan, st, h, now)
         return Result(plan, node, state=st)
+
+    def _with_evidence(self, reason: str, h: Health) -> str:
+        """`reason` with ` ev=<id>` of a bundle robustd made for this drain, cut to fit REASON_MAX; as it is
+        when robustd made none in time (client.evidence logs why)."""
+        ident = client.evidence(self.socket, [c.component for c in h.faults], [c.code for c in h.faults], reason,
+                                self.evidence_timeout) if self.socket else None
+        if not ident:
+            return reason
+        tail = f" ev={ident}"
+        return (reason if len(reason) + len(tail) <= REASON_MAX else reason[:REASON_MAX - len(tail) - 3] + "...") + tail
 
     def _note(self, text: str, level: int = logging.INFO) -> None:
         if text and text != self._last_note:

@@ -62,7 +62,7 @@ class Agent(WatchAgent):
         self.node = node_name(self.cfg)
         self.state_file = AgentStateFile(state_path(settings))
         self.slurm = slurm or Slurm(self.cfg.scontrol, self.cfg.sinfo, self.cfg.command_timeout)
-        self.actor = Actor(self.cfg, self.slurm, self.state_file, self.node)
+        self.actor = Actor(self.cfg, self.slurm, self.state_file, self.node, socket=self.socket)
         self.diag_timeout = float(c.diagnostics.timeout)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()

@@ -76,7 +76,8 @@ class Hook:
         self.slurm.deadline = self.deadline
         self.state_file = AgentStateFile(state_path(self.settings))
         self.actor = Actor(self.cfg, self.slurm, self.state_file, self.node,
-                           lock_timeout=max(0.1, self.remaining() / 2))
+                           lock_timeout=max(0.1, self.remaining() / 2), socket=self.socket,
+                           evidence_timeout=max(0.1, min(self.rpc_timeout, self.remaining() / 4)))
 
     def remaining(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

@@ -610,3 +610,51 @@ class CaptureResponse(_message.Message):
     captured_at: _timestamp_pb2.Timestamp
     processes: _containers.RepeatedCompositeFieldContainer[ProcessStacks]
     def __init__(self, node: _Optional[str] = ..., captured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., processes: _Optional[_Iterable[_Union[ProcessStacks, _Mapping]]] = ...) -> None: ...
+
+class CreateEvidenceRequest(_message.Message):
+    __slots__ = ("components", "codes", "reason")
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    components: _containers.RepeatedScalarFieldContainer[str]
+    codes: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, components: _Optional[_Iterable[str]] = ..., codes: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EvidenceSummary(_message.Message):
+    __slots__ = ("id", "created", "reason", "components")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    created: _timestamp_pb2.Timestamp
+    reason: str
+    components: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., components: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListEvidenceRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListEvidenceResponse(_message.Message):
+    __slots__ = ("bundles",)
+    BUNDLES_FIELD_NUMBER: _ClassVar[int]
+    bundles: _containers.RepeatedCompositeFieldContainer[EvidenceSummary]
+    def __init__(self, bundles: _Optional[_Iterable[_Union[EvidenceSummary, _Mapping]]] = ...) -> None: ...
+
+class GetEvidenceRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class EvidenceBundle(_message.Message):
+    __slots__ = ("id", "json")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    json: str
+    def __init__(self, id: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...

@@ -760,3 +760,161 @@ class Tracer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class EvidenceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Create = channel.unary_unary(
+                '/robustd.v1.Evidence/Create',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CreateEvidenceRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.EvidenceSummary.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/robustd.v1.Evidence/List',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListEvidenceRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListEvidenceResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/robustd.v1.Evidence/Get',
+                request_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.GetEvidenceRequest.SerializeToString,
+                response_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.EvidenceBundle.FromString,
+                _registered_method=True)
+
+
+class EvidenceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Create(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EvidenceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Create': grpc.unary_unary_rpc_method_handler(
+                    servicer.Create,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.CreateEvidenceRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.EvidenceSummary.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListEvidenceRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.ListEvidenceResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=robustd_dot_api_dot_v1_dot_robustd__pb2.GetEvidenceRequest.FromString,
+                    response_serializer=robustd_dot_api_dot_v1_dot_robustd__pb2.EvidenceBundle.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'robustd.v1.Evidence', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('robustd.v1.Evidence', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Evidence:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Create(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Evidence/Create',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.CreateEvidenceRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.EvidenceSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Evidence/List',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.ListEvidenceRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.ListEvidenceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/robustd.v1.Evidence/Get',
+            robustd_dot_api_dot_v1_dot_robustd__pb2.GetEvidenceRequest.SerializeToString,
+            robustd_dot_api_dot_v1_dot_robustd__pb2.EvidenceBundle.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,168 @@
+"""Evidence bundles: what robustd knew at the moment an adapter decided to drain, cordon or reboot.
+
+A bundle is one JSON file under `state_dir/evidence/<id>.json` (plain dicts here; protobuf only at the API
+edge, robustd/api/evidence.py). Ids are `ev-<UTC time to the millisecond>-<6 hex>`, so names sort by age
+and never collide. Every write is a temporary file renamed into place (a reader never sees half of one).
+
+Bounded three ways (`evidence:` in robustd.yaml): a bundle's JSON is cut to `max_bundle_bytes` (oldest events
+first, then diagnostic reports, then kernel-log records; the bundle's `trimmed` says what went), the newest
+`keep` bundles are kept, and the directory to `max_bytes` (oldest removed first; the new one always stays).
+The blocking file work runs off the event loop (the servicer calls these in a worker thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Callable
+
+ID = re.compile(r"ev-\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}")
+DIR = "evidence"
+MAX_READ = 16 << 20  # a bundle file read back is at most this (a larger one was not written by robustd)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `List` shows of one bundle."""
+
+    id: str
+    created: float
+    reason: str
+    components: tuple[str, ...]
+
+
+class EvidenceStore:
+    """The bundles of one state dir; `limits()` gives (keep, max_bundle_bytes, max_bytes) at each write."""
+
+    def __init__(self, state_dir: str, limits: Callable[[], tuple[int, int, int]],
+                 clock: Callable[[], float] = time.time):
+        self.dir = os.path.join(state_dir, DIR)
+        self.limits = limits
+        self.clock = clock
+
+    def new_id(self, now: float) -> str:
+        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S.%f")[:-3]
+        return f"ev-{stamp}Z-{secrets.token_hex(3)}"
+
+    def write(self, bundle: dict[str, Any]) -> Summary:
+        """Give `bundle` an id and creation time, cut it to size, write it atomically, prune the directory."""
+        keep, max_bundle, max_bytes = self.limits()
+        os.makedirs(self.dir, mode=0o750, exist_ok=True)
+        now = self.clock()
+        while True:
+            ident = self.new_id(now)
+            if not os.path.exists(self._path(ident)):
+                break
+        bundle = {"id": ident, "created": _iso(now), "created_unix": now, **bundle}
+        data = fit(bundle, max_bundle)
+        tmp = os.path.join(self.dir, f".{ident}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, self._path(ident))
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self.prune(keep, max_bytes, ident)
+        return Summary(ident, now, str(bundle.get("reason", "")), tuple(bundle.get("components", ())))
+
+    def prune(self, keep: int, max_bytes: int, newest: str) -> list[str]:
+        """Remove the oldest bundles past `keep`, then past `max_bytes` in all; never `newest`. The removed ids."""
+        ids = self.ids()
+        removed = ids[:max(0, len(ids) - keep)]
+        ids = ids[len(removed):]
+        sizes = {i: _size(self._path(i)) for i in ids}
+        total = sum(sizes.values())
+        for i in list(ids):
+            if total <= max_bytes or i == newest:
+                break
+            removed.append(i)
+            total -= sizes[i]
+        for i in removed:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(i))
+        return removed
+
+    def ids(self) -> list[str]:
+        """Every bundle's id, oldest first (ids sort by creation time)."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return sorted(n[:-5] for n in names if n.endswith(".json") and ID.fullmatch(n[:-5]))
+
+    def list(self, limit: int) -> list[Summary]:
+        """The newest `limit` bundles, newest first."""
+        out = []
+        for ident in reversed(self.ids()[-limit:] if limit else []):
+            text = self.read(ident)
+            if text is None:
+                continue
+            try:
+                d = json.loads(text)
+            except ValueError:
+                d = {}
+            out.append(Summary(ident, float(d.get("created_unix", 0.0)), str(d.get("reason", "")),
+                               tuple(str(c) for c in d.get("components", ()))))
+        return out
+
+    def read(self, ident: str) -> str | None:
+        """A bundle's JSON, None when there is none. `ident` must be a well-formed id (ValueError otherwise):
+        it becomes a file name, so nothing else may reach the path."""
+        if not ID.fullmatch(ident):
+            raise ValueError(f"not an evidence id (ev-YYYYMMDDTHHMMSS.mmmZ-xxxxxx): {ident[:80]!r}")
+        try:
+            with open(self._path(ident), "rb") as f:
+                return f.read(MAX_READ).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def _path(self, ident: str) -> str:
+        return os.path.join(self.dir, f"{ident}.json")
+
+
+def fit(bundle: dict[str, Any], limit: int) -> bytes:
+    """The bundle's JSON within `limit` bytes: the oldest events go first, then the oldest diagnostic reports,
+    then kernel-log records, then the conditions' evidence maps; `trimmed` says how many of each went."""
+    trimmed: dict[str, int] = {}
+    bundle["trimmed"] = trimmed
+    data = _encode(bundle)
+    for key in ("events", "diagnostics", "kernel_log"):
+        items = bundle.get(key)
+        while len(data) > limit and items:
+            cut = max(1, len(items) // 4)
+            if key == "diagnostics":
+                del items[-cut:]  # reports are newest first
+            else:
+                del items[:cut]  # events and records oldest first
+            trimmed[key] = trimmed.get(key, 0) + cut
+            data = _encode(bundle)
+    if len(data) > limit:
+        for c in bundle.get("verdict", {}).get("conditions", ()):
+            c["evidence"] = {}
+        trimmed["condition_evidence"] = len(bundle.get("verdict", {}).get("conditions", ()))
+        data = _encode(bundle)
+    return data
+
+
+def _encode(bundle: dict[str, Any]) -> bytes:
+    return json.dumps(bundle, indent=1, default=str).encode()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
