@@ -420,7 +420,8 @@ def test_robustctl_end_to_end_exit_codes(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert abs(doc["slowdown"] - 1.179) < 0.03 * 1.179 and doc["causes"][0]["kind"] == "stage_imbalance"
     r = _robustctl_process("--metadata", meta, "--trace", str(tmp_path / "missing.parquet"))
-    assert (r.returncode, r.stdout) == (1, "") and "missing.parquet: No such file or directory" in r.stderr
+    # 2: unreadable (exitcodes.UNREADABLE, issue 32), no longer watch's ALERT 1
+    assert (r.returncode, r.stdout) == (2, "") and "missing.parquet: No such file or directory" in r.stderr
     r = _robustctl_process("--metadata", meta, "--trace", str(DATA / "trace-AR.parquet"))
     assert r.returncode == 64 and r.stderr.startswith("robustctl: stragglers: ") and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
