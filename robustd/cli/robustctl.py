@@ -21,6 +21,7 @@ from typing import IO, Any, NoReturn
 
 import grpc
 
+from robustd import __version__
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli import completion, exitcodes, output, render
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                      + "\n\nexit status: " + exitcodes.COMMON + "\n\n"
                        "environment: ROBUSTD_SOCKET (the daemon's socket), NO_COLOR (no colour even on a terminal)")
     _add_globals(parser, defaults=True)
+    parser.add_argument("--version", action="version", version=f"robustctl {__version__}")
     verb = verbs(parser, "command", _add_globals)
 
     s = verb("status", "the node's verdict; exit 0 OK, 1 WARNING, 2 CRITICAL",
@@ -155,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     triage.add_arguments(verb("triage", "why a job failed, from its logs and exit status: failure class, whether "
                                         "infrastructure is to blame, the next step (no daemon needed)",
-                              "robustctl triage --exit-code 1 examples/triage/nccl-ib/"))
+                              "robustctl triage --exit-code 1 examples/triage/nccl-ib/", local=True))
     exitcodes.annotate(parser)
     return parser
 
