@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import collections.abc
 import difflib
+import logging
+import os
 import re
 import socket
 import typing
@@ -372,6 +374,24 @@ class ConfigError(Exception):
 
 
 MAX_CONFIG_BYTES = 1 << 20  # robustd.yaml, read whole: a site's is a few KB
+
+
+def load_config_or_defaults(path: str | None, schema: Schema,
+                            overrides: Mapping[str, Any] | None = None) -> Settings:
+    """The settings of `path`; None means DEFAULT_CONFIG, and built-in defaults when that file does not exist.
+
+    One rule for every program that reads robustd.yaml (robustd, robustd-slurm, robustd-k8s, robustctl
+    slurm): a node installed without /etc/robustd/robustd.yaml runs on the defaults, said once on stderr
+    (the caller's logging), while a --config FILE that names a missing file is a ConfigError naming it.
+    """
+    if path is None:
+        from robustd import roots  # read now, not at import: tests point it at a path that does not exist
+
+        path = roots.DEFAULT_CONFIG
+        if not os.path.exists(path):
+            logging.getLogger("robustd.config").warning("%s not found: using the built-in defaults", path)
+            return parse_config("", "(defaults)", schema, overrides)
+    return load_config(path, schema, overrides)
 
 
 def load_config(path: str, schema: Schema, overrides: Mapping[str, Any] | None = None) -> Settings:

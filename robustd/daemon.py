@@ -37,7 +37,7 @@ from robustd.boots import BootHistory
 from robustd.check import Check, CheckConfig, CheckContext
 from robustd.checkset import discover_checks
 from robustd.cli.args import examples
-from robustd.config import ConfigError, Schema, Settings, levels_note, load_config, parse_config
+from robustd.config import ConfigError, Schema, Settings, levels_note, load_config, load_config_or_defaults
 from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.diagnostics.shelf import Shelf
@@ -456,11 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     schema = checkset.config_schema(check_types)
     path = args.config or DEFAULT_CONFIG
     try:
-        if args.config is None and not os.path.exists(path):
-            log.warning("%s not found: running on built-in defaults", path)
-            settings = parse_config("", "(defaults)", schema, overrides)
-        else:
-            settings = load_config(path, schema, overrides)
+        settings = load_config_or_defaults(args.config, schema, overrides)
     except ConfigError as e:
         fatal(f"robustd: invalid config:\n{e}")
         return 1

@@ -48,6 +48,7 @@ EXTRA: dict[str, dict[str, str]] = {
                    ".TP\nSIGTERM, SIGINT\nstop within seconds (a second signal exits at once)",
     },
     "robustctl": {
+        "exit status": "",  # robustd/cli/exitcodes.py's table, filled in by page()
         "files": ".TP\n/run/robustd/robustd.sock\n"
                  "the daemon's socket unless \\-\\-socket or ROBUSTD_SOCKET says otherwise",
     },
@@ -107,13 +108,32 @@ def page(name: str, parser: argparse.ArgumentParser, date: str) -> str:
             "manual_title": "robustd manual", "description": (parser.description or "").rstrip(".")}
     man = Manpage(parser, _data=data, format="pretty")
     extra = dict(EXTRA.get(name, {}))
+    if "exit status" in extra:
+        from robustd.cli import exitcodes
+
+        extra["exit status"] = exitcodes.roff()
     verb_examples = list(dict.fromkeys(own + examples_of(parser)))  # a verb and its sub-verb may share one
     if verb_examples:
         extra.setdefault("examples", ".nf\n" + "\n".join(_roff(line) for line in verb_examples) + "\n.fi")
     extra.setdefault("see also", ", ".join(p for p in SEE_ALSO.split(", ") if not p.startswith(f"{name}(")))
     for heading, content in extra.items():
         man.add_section(heading, "=", content)
-    return str(man)
+    return _fit(str(man))
+
+
+_TH = re.compile(r"^(\.TH .*)$", re.M)
+_LONG_WORD = re.compile(r"[^\s]{40,}")
+
+
+def _fit(text: str) -> str:
+    """A page that formats without troff warnings at any width (`man -l` prints none at MANWIDTH=80).
+
+    Filled text is left-aligned (`.ad l`): a justified line holding one long option list or choice list
+    cannot be stretched, and troff says `cannot adjust line` for each. Such long words also get break
+    points (`\\:`, which prints nothing) after their commas and bars, so they wrap instead of running off.
+    """
+    text = _TH.sub(r"\1\n.ad l", text, count=1)
+    return _LONG_WORD.sub(lambda m: re.sub(r"(?<!\\)([,|])(?!\\:)", r"\1\\:", m.group()), text)
 
 
 def examples_of(parser: argparse.ArgumentParser) -> list[str]:

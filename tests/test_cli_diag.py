@@ -36,7 +36,7 @@ def test_an_erroring_test_says_why_with_the_childs_stderr(make_daemon: Any, pyth
                      "checks": {"kernel": {"enabled": False}}})
     d.start()
     r = d.robustctl("diag", "run", "--tests", "all_to_all", timeout=120)
-    assert r.returncode == 4, r.stdout + r.stderr
+    assert r.returncode == 5, r.stdout + r.stderr  # ERROR (exitcodes.DIAG_ERROR), not an RPC error
     why = r.stdout.split("\nwhy:\n", 1)
     assert len(why) == 2, r.stdout  # the reason is in the normal output, after the table
     assert re.search(r"^all_to_all host ERROR: .*CUDA driver initialization failed", why[1], re.M), why[1]

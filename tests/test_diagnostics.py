@@ -83,7 +83,7 @@ def assert_error_not_fail(d: Daemon, report: pb.DiagnosticReport) -> None:
     assert not report.suspects and not [x for x in report.results if x.status == pb.RESULT_FAIL]
     assert diag_conditions(d) == []
     r = d.robustctl("diag", "show", report.id)
-    assert r.returncode == 4 and "ERROR" in r.stdout
+    assert r.returncode == 5 and "ERROR" in r.stdout  # exitcodes.DIAG_ERROR
 
 
 def test_missing_dcgmi_is_an_error_never_pass(make_daemon: Any) -> None:

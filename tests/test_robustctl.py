@@ -282,7 +282,8 @@ def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     sock = tmp_path / "missing.sock"
     r = robustctl("--socket", str(sock), "status")
     assert r.returncode == 3
-    assert r.stderr.strip() == f"robustctl: cannot reach robustd at unix://{sock}: No such file or directory"
+    assert r.stderr.strip() == (f"robustctl: cannot reach robustd at unix://{sock}: No such file or directory (is "
+                                "robustd running? give its socket with --socket PATH or ROBUSTD_SOCKET=PATH)")
     assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
 
 

@@ -161,7 +161,8 @@ def test_with_robustd_unreachable_the_hooks_change_nothing_and_exit_0(tmp_path: 
     assert not calls.exists()  # Slurm was not even asked
 
 
-@pytest.mark.parametrize("verb, code", [("healthcheck", 0), ("prolog", 0), ("epilog", 0), ("status", 1)])
+# status: 78 (EX_CONFIG, issue 32), not 1, which is its "a warning stands"
+@pytest.mark.parametrize("verb, code", [("healthcheck", 0), ("prolog", 0), ("epilog", 0), ("status", 78)])
 def test_a_bad_config_fails_open_in_the_hooks(tmp_path: Path, verb: str, code: int) -> None:
     cfg = tmp_path / "robustd.yaml"
     cfg.write_text("slurm:\n  max_drained_fraction: 2\n")

@@ -420,7 +420,8 @@ def test_robustctl_end_to_end_exit_codes(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert abs(doc["slowdown"] - 1.179) < 0.03 * 1.179 and doc["causes"][0]["kind"] == "stage_imbalance"
     r = _robustctl_process("--metadata", meta, "--trace", str(tmp_path / "missing.parquet"))
-    assert (r.returncode, r.stdout) == (1, "") and "missing.parquet: No such file or directory" in r.stderr
+    # 2: unreadable (exitcodes.UNREADABLE, issue 32), no longer watch's ALERT 1
+    assert (r.returncode, r.stdout) == (2, "") and "missing.parquet: No such file or directory" in r.stderr
     r = _robustctl_process("--metadata", meta, "--trace", str(DATA / "trace-AR.parquet"))
     assert r.returncode == 64 and r.stderr.startswith("robustctl: stragglers: ") and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -430,5 +431,5 @@ def test_robustctl_end_to_end_exit_codes(tmp_path: Path) -> None:
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'pyarrow'\", name='pyarrow')\n")
     r = _robustctl_process("--metadata", meta, "--trace", trace, env={"PYTHONPATH": str(shim.parent)})
-    assert r.returncode == 1 and "needs pyarrow" in r.stderr and "requirements-analysis.txt" in r.stderr
+    assert r.returncode == 5 and "needs pyarrow" in r.stderr and "requirements-analysis.txt" in r.stderr
     assert "Traceback" not in r.stderr

@@ -21,14 +21,20 @@ def verbs(parent: argparse.ArgumentParser, dest: str, add_globals: AddGlobals) -
     """A factory of sub-commands under `parent`, each accepting the global options too.
 
     `example` (one command line, or several separated by newlines) becomes the verb's `--help` epilog.
+    A `local` verb (it reads files, never a daemon) accepts the daemon's options, which it ignores, but its
+    --help (and so the man page and completion) offers only --json of them.
     """
     sub = parent.add_subparsers(dest=dest, metavar=dest.upper(), required=True)
 
-    def verb(name: str, help_text: str, example: str = "") -> argparse.ArgumentParser:
+    def verb(name: str, help_text: str, example: str = "", local: bool = False) -> argparse.ArgumentParser:
         v = sub.add_parser(name, help=help_text, description=help_text,
                            epilog=examples(*example.splitlines()) if example else None,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         add_globals(v, False)
+        if local:  # still accepted (scripts pass --socket to every verb), no longer offered
+            for action in v._actions:
+                if action.option_strings and "--json" not in action.option_strings and action.dest != "help":
+                    action.help = argparse.SUPPRESS
         return v
 
     return verb

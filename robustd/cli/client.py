@@ -12,12 +12,14 @@ from typing import Any
 import grpc
 
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
+from robustd.cli import exitcodes
 from robustd.durations import format_duration
 from robustd.socketpath import UntrustedSocket, check_socket
 
-EXIT_UNREACHABLE = 3
-EXIT_RPC = 4
-EXIT_USAGE = 64
+EXIT_UNREACHABLE = exitcodes.UNREACHABLE
+EXIT_RPC = exitcodes.RPC
+EXIT_USAGE = exitcodes.USAGE
+MISSING_SOCKET_HINT = " (is robustd running? give its socket with --socket PATH or ROBUSTD_SOCKET=PATH)"
 
 
 class CliError(Exception):
@@ -32,7 +34,8 @@ class Client:
     """One daemon address; opens channels and turns gRPC failures into CliErrors."""
 
     def __init__(self, socket: str | None, address: str | None, timeout: float,
-                 tls: tuple[str | None, str | None, str | None] = (None, None, None)):
+                 tls: tuple[str | None, str | None, str | None] = (None, None, None), socket_hint: bool = True):
+        self.socket_hint = socket_hint  # a missing socket names --socket/ROBUSTD_SOCKET (not for fleet hosts)
         self.socket = os.path.abspath(socket) if socket else None
         self.target = address if address else f"unix://{self.socket}"
         self.timeout = timeout
@@ -41,7 +44,8 @@ class Client:
     def open(self) -> grpc.Channel:
         if self.socket is not None:
             if not os.path.exists(self.socket):
-                raise self.unreachable(os.strerror(2))  # ENOENT: say it plainly, do not wait out the deadline
+                # ENOENT: say it plainly, do not wait out the deadline, and say how to name another socket
+                raise self.unreachable(os.strerror(2) + (MISSING_SOCKET_HINT if self.socket_hint else ""))
             try:  # another user's socket would answer in robustd's name (robustd/socketpath.py)
                 check_socket(self.socket)
             except UntrustedSocket as e:

@@ -1,12 +1,15 @@
 """`robustctl diag`: run stop-time diagnostics with a live progress bar; list, show, cancel; goldens.
 
-Exit codes of `diag run` and `diag show`: 0 PASS, 1 FAIL of WARNING severity, 2 FAIL of CRITICAL
-severity, 4 ERROR or CANCELLED (and other RPC errors), 3 daemon unreachable.
+Exit codes (robustd/cli/exitcodes.py): 0 PASS, 1 FAIL of WARNING severity, 2 FAIL of CRITICAL severity,
+5 ERROR, 6 CANCELLED, 9 still running (show); a run the daemon will not start: 7 another is running,
+8 refused (GPU processes alive, state disk), 64 a level, test or GPU it does not know; 3 unreachable and
+4 any other RPC error as for every verb.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import sys
 import threading
@@ -17,8 +20,9 @@ import grpc
 
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.cli import output, render
+from robustd.cli import exitcodes, output, render
 from robustd.cli.args import AddGlobals, verbs
+from robustd.cli.client import CliError
 from robustd.durations import format_duration, parse_duration
 
 TESTS = ("eud", "all_to_all", "all_gather", "minigpt")
@@ -59,13 +63,13 @@ def run(client: Any, args: argparse.Namespace) -> int:
         return _run(client, args)
     if cmd == "list":
         resp = client.call("List", pb.ListDiagnosticsRequest(limit=args.limit), "Diagnostics")
-        output.out(render.to_json(resp) if args.json else _list_text(resp.reports), exact=args.json)
+        output.out(render.to_json(resp) if args.json else _list_text(resp.reports, output.width()), exact=args.json)
         return 0
     if cmd in ("show", "cancel"):
         method, req = ("Get", pb.GetDiagnosticRequest(id=args.id)) if cmd == "show" else \
             ("Cancel", pb.CancelDiagnosticRequest(id=args.id))
         report = client.call(method, req, "Diagnostics")
-        output.out(render.to_json(report) if args.json else report_text(report), exact=args.json)
+        output.out(render.to_json(report) if args.json else report_text(report, output.width()), exact=args.json)
         return exit_code(report)
     if args.golden_command == "record":
         golden = client.call("RecordGolden", pb.RecordGoldenRequest(report_id=args.id), "Diagnostics")
@@ -75,7 +79,8 @@ def run(client: Any, args: argparse.Namespace) -> int:
     resp = client.call("ListGoldens", pb.ListGoldensRequest(), "Diagnostics")
     rows = [[g.key, g.digest[:16], g.report_id, render.local_time(g.recorded_at)] for g in resp.goldens]
     output.out(render.to_json(resp) if args.json else
-               (render.table(["KEY", "DIGEST", "REPORT", "RECORDED"], rows) if rows else "no golden digests"),
+               (render.table(["KEY", "DIGEST", "REPORT", "RECORDED"], rows, output.width()) if rows
+                else "no golden digests"),
                exact=args.json)
     return 0
 
@@ -108,7 +113,7 @@ def _run(client: Any, args: argparse.Namespace) -> int:
             if msg is _END:
                 break
             if isinstance(msg, grpc.RpcError):
-                raise client.error(msg, channel) from None
+                raise _refusal(client.error(msg, channel), msg) from None
             # A reader that goes away (| head) does not stop the run (the daemon finishes it anyway);
             # robustctl follows it to the report so that its exit status is the outcome's.
             if args.json:
@@ -121,9 +126,9 @@ def _run(client: Any, args: argparse.Namespace) -> int:
         call.cancel()
         channel.close()
     if report is None:
-        return 4
+        raise CliError(exitcodes.RPC, "the run's stream ended without its report; see `robustctl diag list`")
     if not args.json:
-        output.out(report_text(report))
+        output.out(report_text(report, output.width()))
     return exit_code(report)
 
 
@@ -196,12 +201,28 @@ class Live:
         return f"{self._bar()}  {msg.test} finished: {STATUS.get(worst, '?')} after {self._elapsed()}"
 
     def _line(self, text: str, final: bool) -> None:
-        """A line on stderr; on a terminal it overwrites the running line (the only raw CR we print)."""
+        """A line on stderr; on a terminal it overwrites the running line (the only raw CR we print).
+
+        The running line is cut to the terminal's width less one (a line that wrapped could not be
+        redrawn) and padded to it, and so is the final one: whatever the running line showed past the
+        final text's end is blanked, never left behind (`... PASS after 4sfinished`).
+        """
         line = render.printable(text)
-        if self.tty and not final:
-            output.err(f"{line[:120]:<120}", end="", cr=True)
-        else:
-            output.err(f"{line:<120}".rstrip() if self.tty else line, cr=self.tty)
+        if not self.tty:
+            output.err(line)
+            return
+        width = _columns(sys.stderr) - 1
+        shown = line if final else line[:width]
+        output.err(shown.ljust(width), end="\n" if final else "", cr=True)
+
+
+def _columns(stream: Any) -> int:
+    """The terminal's width (80 when it does not say), at most 200: the running line is redrawn within it."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        columns = 0
+    return min(columns or 80, 200)
 
 
 STDERR_LINES = 5  # of a failing child's stderr tail, shown under its result
@@ -221,7 +242,7 @@ def failure_reasons(results: Any) -> list[str]:
     return out
 
 
-def report_text(r: pb.DiagnosticReport) -> str:
+def report_text(r: pb.DiagnosticReport, width: int | None = render.DEFAULT_WIDTH) -> str:
     head = [f"diagnostic {r.id} on {r.node}: {pb.Outcome.Name(r.outcome).removeprefix('OUTCOME_')}"
             + (f" ({render.severity_name(r.severity)}, action {render.action_name(r.action)})"
                if r.outcome == pb.OUTCOME_FAIL else "") + (f" (run id {r.run_id})" if r.run_id else "")]
@@ -233,25 +254,38 @@ def report_text(r: pb.DiagnosticReport) -> str:
              " ".join(f"{k}={v:.3g}" for k, v in sorted(x.figures.items())), x.message] for x in r.results]
     text = render.lines(head)
     if rows:
-        text += "\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows)
+        text += "\n" + render.table(["TEST", "COMPONENT", "RESULT", "FIGURES", "MESSAGE"], rows, width)
     reasons = failure_reasons(r.results)
     return text + ("\n\nwhy:\n" + render.lines(reasons) if reasons else "")
 
 
-def _list_text(reports: Any) -> str:
+def _list_text(reports: Any, width: int | None = render.DEFAULT_WIDTH) -> str:
     if not reports:
         return "no diagnostics"
     rows = [[r.id, render.local_time(r.started), r.run_id or "-", ",".join(r.tests),
              pb.Outcome.Name(r.outcome).removeprefix("OUTCOME_"), ", ".join(r.suspects)] for r in reports]
-    return render.table(["ID", "STARTED", "RUN", "TESTS", "OUTCOME", "SUSPECTS"], rows)
+    return render.table(["ID", "STARTED", "RUN", "TESTS", "OUTCOME", "SUSPECTS"], rows, width)
+
+
+# Why the daemon would not start a run, as Run's status codes say (robustd/api/diagnostics.py).
+_REFUSALS = {grpc.StatusCode.ABORTED: exitcodes.DIAG_BUSY, grpc.StatusCode.FAILED_PRECONDITION: exitcodes.DIAG_REFUSED,
+             grpc.StatusCode.INVALID_ARGUMENT: exitcodes.USAGE}
+_OUTCOMES = {pb.OUTCOME_PASS: exitcodes.OK, pb.OUTCOME_ERROR: exitcodes.DIAG_ERROR,
+             pb.OUTCOME_CANCELLED: exitcodes.DIAG_CANCELLED, pb.OUTCOME_RUNNING: exitcodes.DIAG_RUNNING}
+
+
+def _refusal(error: CliError, err: grpc.RpcError) -> CliError:
+    """Run's refusals get their own codes: busy, refused, or a request the daemon cannot use (a usage error)."""
+    if error.code == exitcodes.RPC and err.code() in _REFUSALS:
+        error.code = _REFUSALS[err.code()]
+    return error
 
 
 def exit_code(r: pb.DiagnosticReport) -> int:
-    if r.outcome == pb.OUTCOME_PASS:
-        return 0
+    """A report's outcome as `diag run`/`show`/`cancel` exit (robustd/cli/exitcodes.py)."""
     if r.outcome == pb.OUTCOME_FAIL:
-        return 2 if r.severity == pb.SEVERITY_CRITICAL else 1
-    return 4
+        return exitcodes.DIAG_FAIL_CRITICAL if r.severity == pb.SEVERITY_CRITICAL else exitcodes.DIAG_FAIL_WARNING
+    return _OUTCOMES.get(r.outcome, exitcodes.RPC)
 
 
 def test_list(text: str) -> list[str]:

@@ -1,8 +1,8 @@
 """`robustctl evidence`: the evidence bundles robustd keeps (the Evidence service): list, show, export, create.
 
 `export ID FILE` writes a tar.gz an operator attaches to an RMA: the bundle's JSON and a short README.txt.
-Exit codes as the other verbs: 0 done, 3 daemon unreachable, 4 an RPC error (NOT_FOUND for an unknown id,
-INVALID_ARGUMENT for a malformed one), 1 when FILE cannot be written, 64 a usage error.
+Exit codes (robustd/cli/exitcodes.py): 0 done, 3 daemon unreachable, 4 an RPC error (NOT_FOUND for an unknown
+id, INVALID_ARGUMENT for a malformed one), 73 (sysexits EX_CANTCREAT) when FILE cannot be written, 64 a usage error.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import shutil
 import tarfile
 import time
 from typing import Any
 
 from robustd.api.v1 import robustd_pb2 as pb
-from robustd.cli import output, render
+from robustd.cli import exitcodes, output, render
 from robustd.cli.args import AddGlobals, verbs
 from robustd.cli.client import CliError
 
@@ -61,8 +60,7 @@ def run(client: Any, args: argparse.Namespace) -> int:
         rows = [[b.id, render.local_time(b.created), ",".join(b.components) or "-", b.reason or "-"]
                 for b in resp.bundles]
         output.out(render.to_json(resp) if args.json else
-                   (render.table(["ID", "CREATED", "COMPONENTS", "REASON"], rows, None if args.wide else
-                                 shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns)
+                   (render.table(["ID", "CREATED", "COMPONENTS", "REASON"], rows, output.width(args.wide))
                     if rows else "no evidence bundles"),
                    exact=args.json)
         return 0
@@ -78,7 +76,7 @@ def run(client: Any, args: argparse.Namespace) -> int:
     try:
         export(bundle.id, bundle.json, args.file)
     except OSError as e:
-        raise CliError(1, f"evidence export: {e.filename or args.file}: {e.strerror or e}") from None
+        raise CliError(exitcodes.CANTCREAT, f"evidence export: {e.filename or args.file}: {e.strerror or e}") from None
     output.out(render.printable(f"wrote {args.file} ({bundle.id}.json, README.txt)"))
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import sys
 import time
 from typing import Any
 
@@ -153,7 +153,8 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         output.out(json.dumps(_status_json(outcomes, wall), indent=2), exact=True)
     else:
-        output.out(status_text(outcomes, wall, shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns))
+        colour = output.use_colour(sys.stdout)
+        output.out(status_text(outcomes, wall, output.width(), colour), colour=colour)
     return status_exit(outcomes)
 
 
@@ -177,7 +178,9 @@ def _counts(outcomes: list[remote.Outcome[Any]]) -> dict[str, int]:
     return counts
 
 
-def status_text(outcomes: list[remote.Outcome[Any]], wall: float, width: int = render.DEFAULT_WIDTH) -> str:
+def status_text(outcomes: list[remote.Outcome[Any]], wall: float, width: int | None = render.DEFAULT_WIDTH,
+                colour: bool = False) -> str:
+    """A summary line, then a row per host; with `colour`, its severity painted as `robustctl status` does."""
     rows = []
     for o in outcomes:
         if o.value is None:
@@ -192,7 +195,8 @@ def status_text(outcomes: list[remote.Outcome[Any]], wall: float, width: int = r
     counts = _counts(outcomes)
     head = (f"{render.plural(len(outcomes), 'host')} in {wall:.2f} s: " +
             ", ".join(f"{n} {k}" for k, n in counts.items() if n))
-    return head + "\n" + render.table(["HOST", "NODE", "SEVERITY", "ACTION", "CONDITIONS", "WORST"], rows, width)
+    return head + "\n" + render.table(["HOST", "NODE", "SEVERITY", "ACTION", "CONDITIONS", "WORST"], rows, width,
+                                       colour_column=2, colour=colour)
 
 
 def _status_json(outcomes: list[remote.Outcome[Any]], wall: float) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import sys
 import time
@@ -112,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         output.out(json.dumps(d.to_json(), indent=2), exact=True)
     else:
-        output.out(text(d, shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns))
+        output.out(text(d, output.width()))
     return d.exit_code
 
 

@@ -36,6 +36,26 @@ def out(text: str, *, exact: bool = False, colour: bool = False) -> bool:
     return write(terminal(text) + "\n", sys.stdout)
 
 
+def width(wide: bool = False, stream: IO[str] | None = None) -> int | None:
+    """How wide a table may be, for every table robustctl prints; None: never cut a cell.
+
+    `--wide` never cuts. Otherwise COLUMNS, when set, is the width asked for (as for ls); else a terminal's
+    own width; else (a pipe, a file) None: nobody's screen limits it, so `status | grep` sees whole messages.
+    """
+    if wide:
+        return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    stream = sys.stdout if stream is None else stream
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        pass
+    return None
+
+
 def use_colour(stream: IO[str]) -> bool:
     """Colour only for a person: `stream` is a terminal, NO_COLOR (https://no-color.org) is unset or
     empty, and TERM is not `dumb`. Pipes, files and `watch | grep` get plain text."""

@@ -7,6 +7,7 @@ back; one dead host never holds the others up longer than the per-request deadli
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,9 +68,11 @@ def client_for(host: str, timeout: float, tls: tuple[str | None, str | None, str
     if host.startswith("unix:"):
         path = host.removeprefix("unix:")
         path = path[2:] if path.startswith("///") else path
-        return Client(path, None, timeout, tls)
-    if host.startswith("/"):
-        return Client(host, None, timeout, tls)
+        return Client(path, None, timeout, tls, socket_hint=False)
+    if "/" in host or os.path.exists(host):
+        # A path, relative or not (`run/robustd.sock`): no host name holds a slash, and an existing file
+        # is a socket even without one (`robustd.sock` in the current directory).
+        return Client(host, None, timeout, tls, socket_hint=False)
     if not host or any(c.isspace() for c in host):
         raise ValueError(f"{host!r} is not a host")
     if host.startswith("["):

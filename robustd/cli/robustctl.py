@@ -1,8 +1,8 @@
 """robustctl: ask a robustd daemon what it thinks of this node.
 
-Exit codes are a contract scripts rely on: 0/1/2 mirror OK/WARNING/CRITICAL for `status`, 3 means
-the daemon could not be reached, 4 any other RPC error, 64 a usage error (argparse's usual 2 would
-read as CRITICAL). Errors are one line on stderr, never a traceback.
+Exit codes are a contract scripts rely on (robustd/cli/exitcodes.py holds every verb's): 0/1/2 mirror
+OK/WARNING/CRITICAL for `status`, 3 means the daemon could not be reached, 4 any other RPC error, 64 a
+usage error (argparse's usual 2 would read as CRITICAL). Errors are one line on stderr, never a traceback.
 
 Whatever starts robustctl, it stops the same way: Ctrl-C (SIGINT) works even when inherited as
 ignored (a background job of a script), SIGTERM ends `watch` as cleanly as Ctrl-C, and a reader
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
 import time
@@ -22,15 +21,16 @@ from typing import IO, Any, NoReturn
 
 import grpc
 
+from robustd import __version__
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.cli import completion, output, render
+from robustd.cli import completion, exitcodes, output, render
 from robustd.cli.args import duration, examples, positive, verbs, whole_number
 from robustd.cli.client import EXIT_RPC, EXIT_UNREACHABLE, EXIT_USAGE, Client, CliError
 from robustd.cli.signals import Terminated, stop
 from robustd.roots import DEFAULT_SOCKET
 
-_SEVERITY_EXIT = {pb.SEVERITY_WARNING: 1, pb.SEVERITY_CRITICAL: 2}
+_SEVERITY_EXIT = {pb.SEVERITY_WARNING: exitcodes.WARNING, pb.SEVERITY_CRITICAL: exitcodes.CRITICAL}
 # A broken Watch with one of these codes is worth resuming; anything else is the server's answer.
 _RESUMABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
               grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -78,7 +78,8 @@ def _add_globals(p: argparse.ArgumentParser, defaults: bool) -> None:
 
 
 def _wide(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--wide", action="store_true", help="full messages: do not cut the last column to the terminal")
+    p.add_argument("--wide", action="store_true", help="full messages on a terminal too: do not cut the last column "
+                   "to its width (a pipe or a file always gets them whole)")
     return p
 
 
@@ -88,10 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=examples("export ROBUSTD_SOCKET=$PWD/run/robustd.sock   # the daemon `make run` starts",
                                      "robustctl status", "robustctl events --since 1h --min-severity warning",
                                      "robustctl ack gpu/0000:1b:00.0 XID_79 --reason 'GPU reseated'")
-                     + "\n\nexit codes: 0 OK, 1 WARNING, 2 CRITICAL (status; others 0 on success),\n"
-                       "  3 daemon unreachable, 4 other RPC error, 64 usage error\n\n"
+                     + "\n\nexit status: " + exitcodes.COMMON + "\n\n"
                        "environment: ROBUSTD_SOCKET (the daemon's socket), NO_COLOR (no colour even on a terminal)")
     _add_globals(parser, defaults=True)
+    parser.add_argument("--version", action="version", version=f"robustctl {__version__}")
     verb = verbs(parser, "command", _add_globals)
 
     s = verb("status", "the node's verdict; exit 0 OK, 1 WARNING, 2 CRITICAL",
@@ -156,15 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     triage.add_arguments(verb("triage", "why a job failed, from its logs and exit status: failure class, whether "
                                         "infrastructure is to blame, the next step (no daemon needed)",
-                              "robustctl triage --exit-code 1 examples/triage/nccl-ib/"))
+                              "robustctl triage --exit-code 1 examples/triage/nccl-ib/", local=True))
+    exitcodes.annotate(parser)
     return parser
 
 
 def _width(args: argparse.Namespace | None = None) -> int | None:
-    """The table width: the terminal's (or COLUMNS), None (no cut) with --wide."""
-    if args is not None and getattr(args, "wide", False):
-        return None
-    return shutil.get_terminal_size((render.DEFAULT_WIDTH, 24)).columns
+    """The table width (output.width): --wide or no terminal never cut."""
+    return output.width(args is not None and getattr(args, "wide", False))
 
 
 def _colour() -> bool:
@@ -276,7 +276,7 @@ def _watch(client: Client, args: argparse.Namespace) -> int:
 
 
 def _offline(verb: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace,
-             file_exit: int = 1) -> int:
+             file_exit: int = exitcodes.SIM_FILE) -> int:
     """A verb that reads files, not a daemon: bad input exits 64, an unreadable file `file_exit`, one line each."""
     try:
         return run(args)
@@ -304,10 +304,10 @@ def cmd_stragglers(client: Client, args: argparse.Namespace) -> int:
     from robustd.cli import stragglers
 
     try:
-        return _offline("stragglers", stragglers.run, args)
+        return _offline("stragglers", stragglers.run, args, file_exit=exitcodes.UNREADABLE)
     except ModuleNotFoundError as e:
         if e.name and e.name.split(".")[0] in ("numpy", "pyarrow", "matplotlib"):
-            raise CliError(1, f"stragglers: needs {e.name}, which this installation lacks: "
+            raise CliError(exitcodes.MISSING_PACKAGE, f"stragglers: needs {e.name}, which this installation lacks: "
                               "pip install -r requirements-analysis.txt (or robustd[analysis])") from None
         raise
 
@@ -363,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except KeyboardInterrupt:
-        return 130  # `watch` returns 0 itself: Ctrl-C is how it ends
+        return exitcodes.INTERRUPTED  # `watch` returns 0 itself: Ctrl-C is how it ends
     except BrokenPipeError:
         # A write that did not go through output (none should): still no traceback, no "Exception ignored".
         output.discard(sys.stdout)

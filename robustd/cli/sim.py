@@ -107,11 +107,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bus_id(raw: str) -> str:
+    """NVML's `00000000:1B:00.0` as every component names it (`gpu/0000:1b:00.0`); a malformed one as written."""
+    from checks.gpu.parse import normalize_bus_id
+
+    try:
+        return normalize_bus_id(raw)
+    except ValueError:
+        return raw
+
+
 def show_text(st: emu.EmulatorState) -> str:
     """The state file's GPUs as a table; its text values are any file's contents, so each is `printable`."""
     rows = [("GPU", "BUS ID", "NAME", "TEMP", "UTIL", "PCIE", "NVLINK DOWN", "PROCESSES", "FAULTS")]
     for i, g in enumerate(st.gpus):
-        cells = (str(i), g.bus_id, g.name, f"{g.temperature}C/{g.temp_slowdown}C", f"{g.utilization_gpu}%",
+        cells = (str(i), _bus_id(g.bus_id), g.name, f"{g.temperature}C/{g.temp_slowdown}C", f"{g.utilization_gpu}%",
                  f"Gen{g.pcie_gen}x{g.pcie_width}", g.nvlink_down or "-", g.processes or "-", g.faults or "-")
         rows.append(tuple(render.printable(c) for c in cells))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

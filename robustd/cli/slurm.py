@@ -39,8 +39,9 @@ def add_parser(p: argparse.ArgumentParser, add_globals: AddGlobals) -> None:
     verb = verbs(p, "slurm_command", add_globals)
     for name, help_text in VERBS.items():
         v = verb(name, help_text)
-        v.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
-                       help=f"robustd's config: the slurm: section and listen.unix (default {DEFAULT_CONFIG})")
+        v.add_argument("--config", default=None, metavar="FILE",
+                       help=f"robustd's config: the slurm: section and listen.unix (default {DEFAULT_CONFIG}; "
+                            "built-in defaults when that does not exist)")
 
 
 def run(args: argparse.Namespace) -> int:

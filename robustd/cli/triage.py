@@ -19,13 +19,13 @@ import re
 import stat
 from collections.abc import Sequence
 
-from robustd.cli import output
+from robustd.cli import exitcodes, output
 from robustd.cli.args import argument_type
 from robustd.triage.model import MAX_LOG_BYTES, MAX_LOGS, MAX_NAME, LogText
 from robustd.triage.reader import read_log
 from robustd.triage.render import to_json, to_text
 
-EXIT_UNREADABLE = 2  # a log that cannot be read
+EXIT_UNREADABLE = exitcodes.UNREADABLE  # a log that cannot be read
 MAX_TAIL = 1 << 30  # --tail per log
 _CHUNK = 1 << 16
 _UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}

@@ -12,16 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from robustd.cli import exitcodes
 from robustd.fleet.rings import PairResult
 
 PHASES = ("local", "inter", "pairs")
 COLLECTIVE = "all_gather"  # the test the inter and pairs phases run; never part of the local phase
 
 # Exit codes of `robustctl fleet diagnose` (Diagnosis.exit_code).
-EXIT_PASS = 0
-EXIT_SUSPECTS = 1  # a host or a link is named
-EXIT_UNREACHABLE = 3  # no host or link named, and the only gap is hosts that did not answer
-EXIT_INCOMPLETE = 4  # the diagnosis could not run (in full): a test or a collective could not run anywhere it had to
+EXIT_PASS = exitcodes.OK
+EXIT_SUSPECTS = exitcodes.SUSPECTS  # a host or a link is named
+EXIT_UNREACHABLE = exitcodes.UNREACHABLE  # no host or link named, and the only gap is hosts that did not answer
+EXIT_INCOMPLETE = exitcodes.INCOMPLETE  # could not run in full: a test or a collective failed where it had to run
 
 
 @dataclass(frozen=True)

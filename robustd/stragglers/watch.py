@@ -17,12 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from robustd.cli import exitcodes
 from robustd.stragglers import heatmap, tracedir
 from robustd.stragglers.analysis import Report, analyze
 from robustd.stragglers.optrace import Meta, OpTraceError
 from robustd.stragglers.recorder import METADATA, replacing
 
-EXIT_OK, EXIT_ALERT = 0, 1
+EXIT_OK, EXIT_ALERT = exitcodes.OK, exitcodes.ALERT
 MAX_WINDOWS_PER_POLL = 64  # a watch far behind reports the newest windows, not a backlog of thousands
 
 

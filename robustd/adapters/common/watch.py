@@ -25,7 +25,7 @@ from robustd.adapters.common.model import Table
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
 from robustd.cli.args import examples as cli_examples
-from robustd.config import ConfigError, Schema, Settings, load_config
+from robustd.config import ConfigError, Schema, Settings, load_config_or_defaults
 from robustd.roots import DEFAULT_CONFIG
 
 RPC_TIMEOUT = 5.0  # GetVerdict on the local socket
@@ -76,10 +76,11 @@ class WatchStream(threading.Thread):
                 self.call.cancel()
 
 
-def load_settings(path: str, schema: Schema) -> Settings:
+def load_settings(path: str | None, schema: Schema) -> Settings:
     """What an adapter reads of robustd.yaml (its section and the core keys in `schema`), validated as the
-    daemon validates them (ConfigError names key and line); the checks and the rest are the daemon's."""
-    return load_config(path, schema)
+    daemon validates them (ConfigError names key and line); the checks and the rest are the daemon's.
+    None: the default path, whose absence means built-in defaults as for robustd (load_config_or_defaults)."""
+    return load_config_or_defaults(path, schema)
 
 
 def agent_parser(prog: str, description: str, *examples: str) -> argparse.ArgumentParser:
@@ -87,14 +88,15 @@ def agent_parser(prog: str, description: str, *examples: str) -> argparse.Argume
     p = argparse.ArgumentParser(prog=prog, description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=cli_examples(*examples))
-    p.add_argument("--config", default=DEFAULT_CONFIG, help=f"robustd's config file (default {DEFAULT_CONFIG})")
+    p.add_argument("--config", default=None, help=f"robustd's config file (default {DEFAULT_CONFIG}; "
+                   "built-in defaults when that does not exist)")
     p.add_argument("--check-config", action="store_true",
                    help="validate the config and exit 0 (valid) or 78 (EX_CONFIG)")
     p.add_argument("--version", action="version", version=f"{prog} {__version__}")
     return p
 
 
-def start(prog: str, config_path: str, schema: Schema) -> Settings | None:
+def start(prog: str, config_path: str | None, schema: Schema) -> Settings | None:
     """Logging under `prog`'s name and the validated settings; None (reason told, err in the journal) if bad."""
     from robustd.sdnotify import fatal, setup_logging
 

@@ -53,6 +53,7 @@ log = logging.getLogger("robustd.slurm")
 EXIT_OK = 0
 EXIT_REFUSE = 1  # prolog: Slurm drains the node (robustd already did) and requeues the job
 EXIT_WARNING = 1  # status: SLURM_DRAIN_SUPPRESSED or flapping stands
+EXIT_CONFIG = 78  # status: the config cannot be used (sysexits EX_CONFIG; 1 would read as a warning)
 
 
 class _OutOfTime(BaseException):
@@ -62,7 +63,7 @@ class _OutOfTime(BaseException):
 class Hook:
     """One hook's view: the config, the node, the daemon's socket, a Slurm bounded by the hook's budget."""
 
-    def __init__(self, verb: str, config_path: str, socket: str | None, rpc_timeout: float):
+    def __init__(self, verb: str, config_path: str | None, socket: str | None, rpc_timeout: float):
         self.verb = verb
         self.settings = load_settings(config_path, SCHEMA)  # ConfigError: the caller fails open
         self.cfg: SlurmConfig = self.settings.section("slurm")
@@ -107,7 +108,7 @@ def setup_logging(verb: str) -> None:
             pass
 
 
-def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_json: bool = False,
+def run(verb: str, config_path: str | None, socket: str | None, rpc_timeout: float, as_json: bool = False,
         env: Mapping[str, str] | None = None) -> int:
     setup_logging(verb)
     from robustd.config import ConfigError
@@ -117,8 +118,8 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
     try:
         hook = Hook(verb, config_path, socket, rpc_timeout)
     except ConfigError as e:
-        log.error("invalid config %s; changing nothing:\n%s", config_path, e)
-        return 1 if verb == "status" else EXIT_OK
+        log.error("invalid config; changing nothing:\n%s", e)  # e names the file
+        return EXIT_CONFIG if verb == "status" else EXIT_OK
     if verb == "status":
         return status(hook, as_json)
     previous = signal.signal(signal.SIGALRM, _alarm)
@@ -137,7 +138,7 @@ def run(verb: str, config_path: str, socket: str | None, rpc_timeout: float, as_
         signal.signal(signal.SIGALRM, previous)
 
 
-def _ctld(verb: str, config_path: str, env: Mapping[str, str]) -> int:
+def _ctld(verb: str, config_path: str | None, env: Mapping[str, str]) -> int:
     """The controller's hooks (robustd/adapters/slurm/ctld_hook.py): fail open, and exit 0 whatever happens,
     but for prolog-ctld's 1 when its preflight drained a suspect (Slurm then requeues the job)."""
     from robustd.config import ConfigError
@@ -145,7 +146,7 @@ def _ctld(verb: str, config_path: str, env: Mapping[str, str]) -> int:
     try:
         cfg: SlurmConfig = load_settings(config_path, SCHEMA).section("slurm")
     except ConfigError as e:
-        log.error("invalid config %s; holding nothing:\n%s", config_path, e)
+        log.error("invalid config; holding nothing:\n%s", e)  # e names the file
         return EXIT_OK
     from robustd.adapters.slurm import ctld_hook
     from robustd.adapters.slurm.ctld_triage import TRIAGE_WAIT, job_triage
