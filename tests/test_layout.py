@@ -64,7 +64,9 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
                     "robustd.traffic", "robustd.cpuinfo", "robustd.sdnotify", "robustd.socketpath", "robustd.ratelog",
                     "robustd.relay", "robustd.startup", "robustd.tls", "robustd.api.v1", "robustd.nvmlemu",
                     "robustd.stragglers", "robustd.fleet",
-                    "robustd.cli.args")},  # the command-line pieces every console script shares (--help examples)
+                    # the command-line pieces every console script shares: --help examples, and the exit codes
+                    # (stdlib only) that fleet diagnose's and stragglers watch's judging return
+                    "robustd.cli.args", "robustd.cli.exitcodes")},
     {"contracts": ("robustd.codes", "robustd.check", "robustd.config", "robustd.sections", "robustd.triage")},
     # made (a finding), judged (a condition), stored (an event): three pieces that know nothing of each other
     {"made": ("checks",), "judged": ("robustd.policy", "robustd.boots"),
