@@ -38,7 +38,8 @@ run: $(STAMP)
 	  $(VENV)/bin/robustctl sim --state var/nvml.state init --gpus 8; fi
 	@echo "robustd with $(DEV_CONFIG): socket ./run/robustd.sock, state ./var/, metrics http://127.0.0.1:9400/metrics"
 	@echo "In another shell:  export ROBUSTD_SOCKET=$$PWD/run/robustd.sock; $(VENV)/bin/robustctl status"
-	@echo "Inject a fault:    echo 'NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=python, GPU has fallen off the bus.' | sudo tee /dev/kmsg"
+	@echo "Inject a fault:    echo 'NVRM: Xid (PCI:0000:1b:00): 79, pid=1, name=python, GPU has fallen off the bus.' > /dev/kmsg   (as root)"
+	@echo "   as a user:      echo '...' | sudo tee /dev/kmsg   (Debian as root has no sudo)"
 	@if [ -z "$(HAVE_DRIVER)" ]; then echo "Emulated GPUs:     $(VENV)/bin/robustctl sim --state var/nvml.state fault gpu 3 ecc-dbe"; fi
 	exec $(VENV)/bin/robustd --config $(DEV_CONFIG)
 
