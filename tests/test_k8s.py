@@ -299,6 +299,16 @@ def test_quarantine_cordons_taints_and_releases_only_what_it_did(make_node: Any,
     assert {"key": TAINT, "value": "REBOOT", "effect": "NoSchedule"} in node["spec"]["taints"]
     ann = node["metadata"]["annotations"]
     assert ann["robustd.io/cordoned-by"] == "robustd" and ann["robustd.io/pre-existing-cordon"] == "false"
+    # issue 31: `kubectl describe node` leads to the evidence robustd kept for the cordon
+    ident = ann["robustd.io/evidence"]
+    assert ident.startswith("ev-"), ann
+    cordoned = n.wait_event(lambda e: e["reason"] == "RobustdCordoned")
+    assert cordoned["type"] == "Warning" and f"evidence {ident}" in cordoned["message"], cordoned
+    assert f"XID_79 on {comp}" in cordoned["message"]
+    shown = n.d.robustctl("evidence", "show", ident)
+    assert shown.returncode == 0, shown.stderr
+    bundle = json.loads(shown.stdout)
+    assert bundle["id"] == ident and any(c["component"] == comp for c in bundle["verdict"]["conditions"])
     if not E2E:  # a merge patch naming the resourceVersion it read
         writes = api.requests("PATCH", f"/nodes/{n.name}")
         writes = [r for r in writes if not r.path.endswith("/status")]
@@ -314,6 +324,7 @@ def test_quarantine_cordons_taints_and_releases_only_what_it_did(make_node: Any,
     node = wait_until(released, 10, "uncordoned", n.agent.log)
     assert not any(t["key"] == TAINT for t in node["spec"].get("taints") or [])
     assert "robustd.io/cordoned-by" not in (node["metadata"].get("annotations") or {})
+    assert "robustd.io/evidence" not in (node["metadata"].get("annotations") or {})
 
 
 def test_events_for_a_fault_standing_at_first_start_an_escalation_and_a_span_robustd_pruned(make_node: Any,

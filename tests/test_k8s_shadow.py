@@ -103,7 +103,8 @@ def test_shadow_decides_as_act_and_writes_nothing(server: KubeAPIServer, tmp_pat
 
     assert said(shadow) == said(act)  # the same decisions, in the same words
     kinds = [k for k, _ in said(act)]
-    assert kinds.count("cordon") == 1 and kinds.count("uncordon") == 1 and kinds.count("event") == 4, kinds
+    # four Events for the faults, and RobustdCordoned
+    assert kinds.count("cordon") == 1 and kinds.count("uncordon") == 1 and kinds.count("event") == 5, kinds
     kept = (" (it was cordoned already: that cordon stays)", " (only the taint: someone else cordoned it first)")
     assert ("cordon", "cordon NODE: XID_79 on gpu/0000:1b:00.0 (CRITICAL, action REBOOT), taint "
             "robustd.io/unhealthy=REBOOT:NoSchedule" + (kept[0] if operator_cordon else "")) in said(act)
@@ -139,7 +140,7 @@ def test_status_reads_the_state_file_and_a_bad_mode_names_key_and_line(server: K
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == f"robustd-k8s on Node gpu-shadow: mode shadow (state {tmp_path}/gpu-shadow.json)"
-    assert lines[1] == "decisions (shadow): condition 13, event 4, cordon 1, uncordon 1", r.stdout
+    assert lines[1] == "decisions (shadow): condition 13, event 5, cordon 1, uncordon 1", r.stdout
     assert any(x.endswith("would cordon gpu-shadow: XID_79 on gpu/0000:1b:00.0 (CRITICAL, action REBOOT), taint "
                           "robustd.io/unhealthy=REBOOT:NoSchedule") for x in lines), r.stdout
     assert lines[-1].endswith("would uncordon gpu-shadow: robustd's verdict has been OK for 300s"), r.stdout
@@ -334,7 +335,7 @@ def test_sighup_switches_shadow_to_act_without_acting_on_the_past(
         m = scrape()
         assert m["robustd_k8s_shadow_mode"] == 1.0
         assert m['robustd_k8s_decisions_total{decision="cordon",mode="shadow"}'] == 1.0
-        assert m['robustd_k8s_decisions_total{decision="event",mode="shadow"}'] == 2.0
+        assert m['robustd_k8s_decisions_total{decision="event",mode="shadow"}'] == 3.0  # RobustdCordoned too
         assert m['robustd_k8s_decisions_total{decision="cordon",mode="act"}'] == 0.0
 
         cfg.write_text(good.replace("mode: shadow", "mode: act"))

@@ -53,6 +53,7 @@ SAVE_EVERY = 1.0
 UNKNOWN_AFTER = 3  # heartbeats without robustd before its conditions become Unknown
 CATCH_UP_LIMIT = 30.0  # seconds a replay after a connect may take before the agent decides on what it has
 RESTART_KEYS = ("node_name", "kubeconfig", "state_file", "request_timeout", "metrics_address")  # read at start
+EVIDENCE_TIMEOUT = 5.0  # seconds robustd has to make the bundle for a cordon (as robustd-slurm gives it for a drain)
 
 
 def node_name(cfg: K8sConfig) -> str:
@@ -73,7 +74,8 @@ class Agent(WatchAgent):
         self.state_file = K8sStateFile(state_path(settings))
         self.state = K8sState()
         self.clock = clock
-        self.reconciler = Reconciler(self.cfg, kube, self.node, self.state_file, self.state, clock)
+        self.reconciler = Reconciler(self.cfg, kube, self.node, self.state_file, self.state, clock,
+                                     evidence=self._evidence)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.stopping = threading.Event()
         self.stream: WatchStream | None = None
@@ -181,6 +183,10 @@ class Agent(WatchAgent):
         if since is None or self.clock() - since < UNKNOWN_AFTER * self.cfg.heartbeat:
             return None
         return f"robustd-k8s cannot reach robustd at {self.socket} since {rfc3339(since)}: its verdict is unknown"
+
+    def _evidence(self, component: str, code: str, reason: str) -> str | None:
+        """robustd's evidence bundle for a cordon (at most EVIDENCE_TIMEOUT: the cordon never waits longer)."""
+        return client.evidence(self.socket, [component], [code], reason, EVIDENCE_TIMEOUT)
 
     def _handle(self, kind: str, item: Any, source: WatchStream) -> None:
         if kind == "event":

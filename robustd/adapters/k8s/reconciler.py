@@ -52,6 +52,7 @@ log = logging.getLogger("robustd.k8s")
 TAINT_KEY = "robustd.io/unhealthy"
 CORDONED_BY = "robustd.io/cordoned-by"
 PRE_EXISTING = "robustd.io/pre-existing-cordon"
+EVIDENCE = "robustd.io/evidence"  # the id of the bundle robustd made for the cordon (robustctl evidence show ID)
 OWNER = "robustd"
 COMPONENT = "robustd"
 SERIES_WINDOW = 3600.0  # an identical event within this counts up the existing Event object
@@ -87,6 +88,9 @@ class Reconciler:
     state: K8sState
     clock: Callable[[], float] = time.time
     rng: random.Random = field(default_factory=random.Random)
+    # (component, code, reason) -> the id of an evidence bundle robustd made for this cordon, or None (no socket,
+    # or robustd made none in time: client.evidence logs why; the cordon goes on without it).
+    evidence: Callable[[str, str, str], str | None] | None = None
     applied: dict[str, dict[str, Any]] | None = field(default=None, init=False)  # robustd's on the Node, by type
     next_heartbeat: float = field(default=0.0, init=False)
     retry_at: float = field(default=0.0, init=False)
@@ -358,6 +362,10 @@ class Reconciler:
     def _cordon(self, q: Cond, now: float) -> None:
         effect = self.cfg.quarantine.taint_effect
         pre: list[bool] = []
+        fault = f"{q.code} on {q.component}"
+        # Asked before the write, only when it will be written: `kubectl describe node` leads to the bundle.
+        ident = self.evidence(q.component, q.code, f"cordon {self.node}: {fault}") \
+            if self.evidence is not None and not self.shadow else None
 
         def change(node: dict[str, Any]) -> dict[str, Any] | None:
             spec = node.get("spec") or {}
@@ -366,15 +374,19 @@ class Reconciler:
             pre[:] = [ann.get(PRE_EXISTING) == "true" if ours else bool(spec.get("unschedulable"))]
             taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]
             taints.append({"key": TAINT_KEY, "value": q.action.name, "effect": effect})
-            return {"spec": {"taints": taints, "unschedulable": True},
-                    "metadata": {"annotations": {CORDONED_BY: OWNER, PRE_EXISTING: "true" if pre[0] else "false"}}}
+            annotations = {CORDONED_BY: OWNER, PRE_EXISTING: "true" if pre[0] else "false", EVIDENCE: ident}
+            return {"spec": {"taints": taints, "unschedulable": True}, "metadata": {"annotations": annotations}}
 
         self._read_modify_put(change)
-        self.state.quarantine = Quarantine(action=q.action.name, fault=f"{q.code} on {q.component}", since=now,
+        self.state.quarantine = Quarantine(action=q.action.name, fault=fault, since=now,
                                            pre_existing_cordon=bool(pre and pre[0]), shadow=self.shadow)
-        self.decide("cordon", f"cordon {self.node}: {self.state.quarantine.fault} (CRITICAL, action {q.action.name}),"
-                    f" taint {TAINT_KEY}={q.action.name}:{effect}" + (" (it was cordoned already: that cordon "
-                                                                     "stays)" if pre and pre[0] else ""))
+        words = (f"cordon {self.node}: {fault} (CRITICAL, action {q.action.name}), taint "
+                 f"{TAINT_KEY}={q.action.name}:{effect}" + (" (it was cordoned already: that cordon stays)"
+                                                             if pre and pre[0] else ""))
+        self.decide("cordon", words + (f", evidence {ident}" if ident else ""))
+        self.queue(EventSpec(0, "Warning", "RobustdCordoned", families._clip(  # shadow: decided, not posted
+            f"cordoned by robustd-k8s: {fault} (CRITICAL, action {q.action.name})"
+            + (f"; evidence {ident} (robustctl evidence show {ident})" if ident else "; no evidence bundle"))))
         self.save()
 
     def _release(self) -> None:
@@ -404,7 +416,7 @@ class Reconciler:
                                 "cordoned again after robustd did")
                 else:
                     patch.setdefault("spec", {})["unschedulable"] = None
-            drop = {k: None for k in (CORDONED_BY, PRE_EXISTING) if k in ann}
+            drop = {k: None for k in (CORDONED_BY, PRE_EXISTING, EVIDENCE) if k in ann}
             if drop:
                 patch["metadata"] = {"annotations": drop}
             return patch or None
