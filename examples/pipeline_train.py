@@ -168,7 +168,7 @@ def build_stage(args: argparse.Namespace, stage: int, torch: Any) -> Any:
             h = args.hidden
             layers = args.layers * (4 if last and args.heavy_last_stage else 1)
             self.emb = nn.Embedding(args.vocab, h) if first else None
-            self.pos = nn.Embedding(4 * args.seq_len + 1, h) if first else None
+            self.pos = nn.Embedding(6 * args.seq_len + 1, h) if first else None
             self.blocks = nn.ModuleList(Block(h) for _ in range(layers))
             self.head = nn.Sequential(nn.LayerNorm(h), nn.Linear(h, args.vocab)) if last else None
 
@@ -190,7 +190,7 @@ def microbatch(args: argparse.Namespace, step: int, dp_rank: int, mb: int, torch
     rng = random.Random(hash((args.seed, step, dp_rank, mb)))
     length = args.seq_len
     if args.long_sequences == dp_rank and step >= args.fault_after:
-        length = int(args.seq_len * rng.uniform(1.5, 4.0))
+        length = int(args.seq_len * rng.uniform(1.5, 6.0))
     start = torch.tensor([rng.randrange(args.vocab) for _ in range(args.mb_size)])
     stride = torch.tensor([rng.randrange(1, 8) for _ in range(args.mb_size)])
     seq = (start[:, None] + stride[:, None] * torch.arange(length + 1)[None, :]) % args.vocab

@@ -31,6 +31,7 @@ LAST_STAGE_HEAVIER = 1.05  # the last stage's compute per microbatch vs the othe
 CORRELATION = 0.9  # forward/backward compute correlation that flags sequence-length imbalance ...
 MIN_VARIATION = 0.05  # ... when microbatch compute varies by at least this much (not clock jitter)
 MIN_DP_SPREAD = 0.02  # ... and the DP ranks' step compute differs from step to step by at least this much
+ROW_SLOWER = 1.05  # a DP rank whose compute is this much above the other ranks' on every stage carries heavier data
 GC_SHARE = 0.2  # share of the slowdown that GC pauses must explain
 WORST_SHARE = 0.03  # M_W fixes the slowest 3 % of workers
 
@@ -212,11 +213,31 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
     heavier = _last_stage_compute_ratio(g)
     if r.pp > 1 and r.m_s >= M_THRESHOLD and heavier >= LAST_STAGE_HEAVIER:
         last = r.pp - 1
-        out.append(Cause("stage_imbalance", f"fixing the last stage (PP {last}) removes {r.m_s:.0%} of the slowdown "
-                                            f"(M_S = {r.m_s:.2f}); its compute per microbatch is {heavier:.2f}x the "
-                                            f"other stages'; PP {last} slowdown {r.pp_slowdown[last]:.3f}, other "
-                                            f"stages <= {max(r.pp_slowdown[:last]):.3f}", score=r.m_s))
-    if r.m_w >= M_THRESHOLD:
+        evidence = (f"fixing the last stage (PP {last}) removes {_share(r.m_s)} of the slowdown (M_S = {r.m_s:.2f}); "
+                    f"its compute per microbatch is {heavier:.2f}x the other stages'; PP {last} slowdown "
+                    f"{r.pp_slowdown[last]:.3f}, other stages <= {max(r.pp_slowdown[:last]):.3f}")
+        out.append(Cause("stage_imbalance", evidence, score=min(r.m_s, 1.0)))
+    flagged = {p: v.r for p, v in r.variation.items()
+               if v.r >= CORRELATION and v.variation >= MIN_VARIATION and v.dp_spread >= MIN_DP_SPREAD}
+    heavy_rows = _heavy_dp_ranks(g)
+    if flagged:
+        compute = r.op_types.get("forward-compute", 1.0) + r.op_types.get("backward-compute", 1.0) - 2.0
+        slowest = _slowest_dp_per_step(g)
+        stages = ", ".join(f"PP {p} r = {c:.2f}" for p, c in sorted(flagged.items()))
+        if len(set(slowest)) == 1:
+            where = (f"DP rank {slowest[0]} is the slowest in all {len(slowest)} steps"
+                     + (", on every stage (its sequences cross them all)" if slowest[0] in heavy_rows else ""))
+        else:
+            where = f"the slowest DP rank changes from step to step ({len(set(slowest))} different ranks over " \
+                    f"{len(slowest)} steps)"
+        out.append(Cause("sequence_imbalance",
+                         f"forward and backward compute times of the same microbatch are correlated ({stages}) and "
+                         f"{where}: microbatch work varies with sequence length; compute explains "
+                         f"{min(compute / excess, 1.0):.0%} of the slowdown", score=min(compute / excess, 1.0)))
+    # A worker is slow when its machine is; a DP rank slow on every stage whose microbatch work varies with
+    # sequence length is slow because of its data: fixing it removes the slowdown, but it is not a slow worker.
+    explained = heavy_rows if flagged else set()
+    if r.m_w >= M_THRESHOLD and not {w.dp_rank for w in r.worst} <= explained:
         # Name the workers that stand out among the fixed ones (all of them when few).
         top = r.worst[0].slowdown
         standouts = [w for w in r.worst if w.slowdown - 1.0 >= 0.5 * (top - 1.0)] or r.worst[:1]
@@ -224,19 +245,9 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
         fixed = ("the slowest worker" if len(r.worst) == 1 else
                  f"the slowest {len(r.worst)} workers ({WORST_SHARE:.0%})")
         out.append(Cause("slow_worker", f"slow worker{'s' if len(standouts) > 1 else ''} {names}: fixing {fixed} "
-                                        f"removes {r.m_w:.0%} of the slowdown (M_W = {r.m_w:.2f})", score=r.m_w,
+                                        f"removes {_share(r.m_w)} of the slowdown (M_W = {r.m_w:.2f})",
+                         score=min(r.m_w, 1.0),
                          workers=standouts))
-    flagged = {p: v.r for p, v in r.variation.items()
-               if v.r >= CORRELATION and v.variation >= MIN_VARIATION and v.dp_spread >= MIN_DP_SPREAD}
-    if flagged:
-        compute = r.op_types.get("forward-compute", 1.0) + r.op_types.get("backward-compute", 1.0) - 2.0
-        slowest = _slowest_dp_per_step(g)
-        stages = ", ".join(f"PP {p} r = {c:.2f}" for p, c in sorted(flagged.items()))
-        out.append(Cause("sequence_imbalance",
-                         f"forward and backward compute times of the same microbatch are correlated ({stages}) and "
-                         f"the slowest DP rank changes from step to step ({len(set(slowest))} different ranks over "
-                         f"{len(slowest)} steps): microbatch work varies with sequence length; compute explains "
-                         f"{min(compute / excess, 1.0):.0%} of the slowdown", score=min(compute / excess, 1.0)))
     gc_s = r.op_types.get("gc", 1.0)
     if gc_s - 1.0 >= GC_SHARE * excess:
         gc_nodes = g.optype == graphmod.T["gc"]
@@ -251,6 +262,29 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
                                  f"largest op-type slowdown {top[0]} {top[1]:.3f}"))
     out.sort(key=lambda c: -c.score)
     return out
+
+
+def _share(m: float) -> str:
+    """M_S / M_W as words: above 1 the fix leaves the job faster than T_ideal (the ideal is the mean over all
+    workers, the slow ones included), so it removes all of the slowdown, not more than all of it."""
+    return "all" if m >= 1.0 else f"{m:.0%}"
+
+
+def _heavy_dp_ranks(g: Graph) -> set[int]:
+    """DP ranks whose compute per step is at least ROW_SLOWER x the other ranks' median on every stage."""
+    if g.dp < 2:
+        return set()
+    compute = np.isin(g.optype, [graphmod.T["forward-compute"], graphmod.T["backward-compute"]])
+    cell = np.zeros((g.pp, g.dp))
+    for p in range(g.pp):
+        sel = compute & (g.stage == p)
+        cell[p] = np.where(g.present[sel], g.duration[sel], 0.0).sum(axis=(0, 1))
+    heavy = set()
+    for d in range(g.dp):
+        others = np.median(np.delete(cell, d, axis=1), axis=1)
+        if (cell[:, d] >= ROW_SLOWER * others).all():
+            heavy.add(d)
+    return heavy
 
 
 def _last_stage_compute_ratio(g: Graph) -> float:

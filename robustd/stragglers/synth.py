@@ -37,6 +37,7 @@ class Job:
     slow_worker: tuple[int, int, float] | None = None  # (dp_rank, pp_rank, factor)
     last_stage_factor: float = 1.0  # extra work on the last stage (the loss layer)
     long_sequences: bool = False  # one DP rank per step gets long, varied sequences
+    long_rank: int | None = None  # ... always this DP rank (like examples/pipeline_train.py --long-sequences)
     gc_pause: float = 0.0  # a GC pause this long ...
     gc_rate: float = 0.1  # ... hits each worker in this share of steps, at random (unsynchronised)
     seed: int = 0
@@ -107,6 +108,8 @@ def compute_times(job: Job) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if job.long_sequences:
         work = rng.uniform(0.7, 1.3, shape)
         long_rank = rng.integers(0, job.dp, job.steps)
+        if job.long_rank is not None:
+            long_rank[:] = job.long_rank
         work[np.arange(job.steps), long_rank] = rng.uniform(1.5, 3.0, (job.steps, job.pp, job.microbatches))
         work = work[:, :, :1, :].repeat(job.pp, axis=2)  # a microbatch's sequences cross every stage
     work[:, :, -1, :] *= job.last_stage_factor
