@@ -174,17 +174,9 @@ class Actor:
         st = sh.state
         try:
             if plan.do is Do.DRAIN and node is not None:
-                rows = self.slurm.partition_rows(node.partitions)
-                sup = breaker(self.cfg, node, rows, fault_text(h) if h.bad else plan.reason, now)
-                if sup is not None:
-                    st = suppressed(st, sup)
-                    self._warn(f"shadow: {sup.text()}; {name} would stay in service")
-                    return Result(plan, node, suppressed=sup, state=st, shadow=True)
-                fresh = self.slurm.node(name)
-                if fresh.out_of_service:
-                    self._note(f"{name} was taken out by someone else meanwhile ({fresh.describe()}); "
-                               "would not drain")
-                    return Result(Plan(Do.NOTHING), fresh, state=st, shadow=True)
+                held = self._before_drain(plan, st, h, node, now, shadow=True)
+                if held is not None:
+                    return held
                 kind, text = plan.mode, f"{WOULD[plan.mode]} {name}: {plan.reason}"
             elif plan.do is Do.RESUME and node is not None:
                 kind, text = "resume", f"would resume {name}"
@@ -199,20 +191,32 @@ class Actor:
         sh.record(kind, text, now)
         return Result(plan, node, state=applied(plan, st, h, now), shadow=True)
 
+    def _before_drain(self, plan: Plan, st: AgentState, h: Health, node: NodeView, now: float,
+                      shadow: bool) -> Result | None:
+        """What keeps a drain from happening, in act and shadow alike: the breaker (on the partitions' rows),
+        or someone else taking the node out meanwhile (read again right before writing: never overwrite a
+        reason set meanwhile). None: go on and drain."""
+        name = self.node_name
+        rows = self.slurm.partition_rows(node.partitions)
+        sup = breaker(self.cfg, node, rows, fault_text(h) if h.bad else plan.reason, now)
+        if sup is not None:
+            self._warn(f"shadow: {sup.text()}; {name} would stay in service" if shadow
+                       else f"{sup.text()}; {name} stays in service")
+            return Result(plan, node, suppressed=sup, state=suppressed(st, sup), shadow=shadow)
+        fresh = self.slurm.node(name)
+        if fresh.out_of_service:
+            self._note(f"{name} was taken out by someone else meanwhile ({fresh.describe()}); "
+                       + ("would not drain" if shadow else "not draining"))
+            return Result(Plan(Do.NOTHING), fresh, state=st, shadow=shadow)
+        return None
+
     def _act(self, plan: Plan, st: AgentState, h: Health, node: NodeView | None, now: float) -> Result:
         name = self.node_name
         try:
             if plan.do is Do.DRAIN and node is not None:
-                rows = self.slurm.partition_rows(node.partitions)
-                sup = breaker(self.cfg, node, rows, fault_text(h) if h.bad else plan.reason, now)
-                if sup is not None:
-                    st = suppressed(st, sup)
-                    self._warn(f"{sup.text()}; {name} stays in service")
-                    return Result(plan, node, suppressed=sup, state=st)
-                fresh = self.slurm.node(name)  # right before writing: never overwrite a reason set meanwhile
-                if fresh.out_of_service:
-                    self._note(f"{name} was taken out by someone else meanwhile ({fresh.describe()}); not draining")
-                    return Result(Plan(Do.NOTHING), fresh, state=st)
+                held = self._before_drain(plan, st, h, node, now, shadow=False)
+                if held is not None:
+                    return held
                 plan = replace(plan, reason=self._with_evidence(plan.reason, h))
                 {"drain": self.slurm.drain, "down": self.slurm.down,
                  "reboot": self.slurm.reboot}[plan.mode](name, plan.reason)
