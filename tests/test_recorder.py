@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import stragglers_cli as robustctl
 
+from robustd.cli import exitcodes
 from robustd.stragglers import OpTraceError, load_metadata, load_op_trace, tracedir
 from robustd.stragglers.optrace import OP_TYPES
 from robustd.stragglers.recorder import Recorder, RecorderError
@@ -302,7 +303,7 @@ def test_robustctl_analyze_trace_dir_exit_codes(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=120, cwd=REPO)
 
     r = run("--trace-dir", str(tmp_path / "absent"))
-    assert r.returncode == 1 and "absent" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == exitcodes.UNREADABLE == 2 and "absent" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "metadata.yaml").write_text("dp_size: 1\npp_size: 1\ntp_size: 1\ndsp_size: 1\nworld_size: 1\n")
     r = run("--trace-dir", str(tmp_path))
     assert r.returncode == 64 and "no shards" in r.stderr and len(r.stderr.strip().splitlines()) == 1
