@@ -23,6 +23,7 @@ import pytest
 import yaml
 from conftest import stragglers_cli as robustctl
 
+from robustd.cli import exitcodes
 from robustd.cli import stragglers as cli
 from robustd.stragglers import synth
 from robustd.stragglers.optrace import OP_TYPES
@@ -183,3 +184,47 @@ def test_watch_the_real_job_as_the_fault_starts_mid_run(tmp_path: Path) -> None:
     assert m, lines
     assert int(m.group(1)) >= 12  # not before the fault began
     assert "DP 1 PP 0" in alert
+
+
+def test_watch_waits_for_a_metadata_file_still_being_written(tmp_path: Path) -> None:
+    """A launcher that writes metadata.yaml in place (not atomically, as the recorder does): the watch reads
+    an empty, then a half file, and keeps following until it parses, then reports the windows as usual."""
+    from robustd.stragglers import watch
+
+    meta = tmp_path / "metadata.yaml"
+    full = yaml.safe_dump(synth.Job(dp=2, pp=2).meta_dict())
+    for first, cols in synthetic_windows(2, fault_from=99).items():
+        write_window(tmp_path, first, cols, done=first == WINDOW)
+    meta.write_text("")
+    clock = [0.0]
+    stages = iter(["", full[: len(full) // 2].rsplit("\n", 1)[0] + "\n  - [", full])
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+        meta.write_text(next(stages, full))
+
+    seen: list[str] = []
+    w = watch.Watch(directory=tmp_path, heatmap_path=tmp_path / "h.png")
+    code, closing = watch.follow(w, lambda win, alert: seen.append(win.line()), poll_s=0.5, idle_timeout=60,
+                                 sleep=sleep, clock=lambda: clock[0])
+    assert code == 0 and [ln.split(":")[0] for ln in seen] == ["steps 0-2", "steps 3-5"], seen
+    assert closing.startswith("watch: the job's recorders have all closed: 2 window(s)")
+
+
+def test_watch_fails_on_metadata_that_stays_malformed(tmp_path: Path) -> None:
+    from robustd.stragglers import watch
+    from robustd.stragglers.optrace import OpTraceError
+
+    (tmp_path / "metadata.yaml").write_text("dp_size: [\n")
+    clock = [0.0]
+
+    def sleep(s: float) -> None:
+        clock[0] += s
+
+    w = watch.Watch(directory=tmp_path)
+    with pytest.raises(OpTraceError, match=r"not valid YAML \(line 2\)"):
+        watch.follow(w, lambda win, alert: None, poll_s=1.0, idle_timeout=600, sleep=sleep, clock=lambda: clock[0])
+    assert watch.META_GRACE_S <= clock[0] < watch.META_GRACE_S + 2  # waited the grace, then gave up
+    r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "stragglers", "watch", str(tmp_path), "--once"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)  # --once: no grace
+    assert r.returncode == exitcodes.USAGE and "not valid YAML (line 2)" in r.stderr and "Traceback" not in r.stderr, r

@@ -3,7 +3,7 @@
 `analyze` reads one trace (--metadata/--trace) or a recorder's trace directory (--trace-dir); `watch`
 follows a trace directory while the job runs (robustd.stragglers.watch) and exits 1 on an alert.
 Malformed traces or metadata raise ValueError (robustd.stragglers.OpTraceError is one); robustctl turns
-them into exit 64 with the message on one line of stderr. A missing file is an OSError (exit 1).
+them into exit 64 with the message on one line of stderr. A missing file is an OSError (exit 2, exitcodes.UNREADABLE).
 """
 
 from __future__ import annotations

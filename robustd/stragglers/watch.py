@@ -7,7 +7,9 @@ the heatmap PNG is rewritten. When S stays above `alert_slowdown` (the study's 1
 of them is a job to act on (evict the named worker, repartition, rebalance the data, schedule GC).
 
 Waiting is bounded: the watch ends when every rank's recorder has closed and its windows are analysed,
-or when no new window has appeared for `idle_timeout` seconds.
+or when no new window has appeared for `idle_timeout` seconds. A metadata file that does not parse is
+waited on for `META_GRACE_S` while following (a job's launcher may still be writing it, not every writer
+replaces the file atomically as the recorder does); after that, and at once with --once, it is an error.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from robustd.stragglers.optrace import Meta, OpTraceError
 from robustd.stragglers.recorder import METADATA, replacing
 
 EXIT_OK, EXIT_ALERT = exitcodes.OK, exitcodes.ALERT
+META_GRACE_S = 5.0  # how long a malformed metadata file may stay so while following (a writer mid-write)
 MAX_WINDOWS_PER_POLL = 64  # a watch far behind reports the newest windows, not a backlog of thousands
 
 
@@ -64,13 +67,21 @@ class Watch:
     seen: set[int] = field(default_factory=set)
     streak: list[Window] = field(default_factory=list)
     finished: bool = False  # every rank's recorder had closed when the last scan began
+    meta_grace_s: float = 0.0  # follow() sets META_GRACE_S; 0: a malformed metadata file fails at once
+    meta_bad_since: float | None = None
 
-    def poll(self) -> list[Window]:
+    def poll(self, now: float = 0.0) -> list[Window]:
         """Analyse the windows completed since the last poll, oldest first."""
         if self.meta is None:
             if not (self.directory / METADATA).exists():
                 return []
-            self.meta = tracedir.load_meta(self.directory)
+            try:
+                self.meta = tracedir.load_meta(self.directory)
+            except OpTraceError:
+                self.meta_bad_since = now if self.meta_bad_since is None else self.meta_bad_since
+                if now - self.meta_bad_since >= self.meta_grace_s:
+                    raise
+                return []  # perhaps still being written: the next poll reads it again
         listing = tracedir.scan(self.directory, self.meta)
         new = [w for w in listing.complete(self.meta) if w not in self.seen]
         skipped = new[:-MAX_WINDOWS_PER_POLL]
@@ -118,11 +129,13 @@ def follow(watch: Watch, emit: Callable[[Window, str | None], None], poll_s: flo
     """Poll until an alert (exit 1), the job's end or `idle_timeout` seconds without a new window (exit 0).
     `emit(window, alert_line_or_None)` is called per window. Returns (exit code, closing message)."""
     last_new = clock()
+    if not once:
+        watch.meta_grace_s = max(watch.meta_grace_s, META_GRACE_S)
     quiet_after_end = 0  # scans with nothing new since every recorder closed (two: no shard was missed)
     while True:
         if not watch.directory.exists() and once:
             raise FileNotFoundError(2, "No such directory", str(watch.directory))
-        windows = watch.poll() if watch.directory.exists() else []
+        windows = watch.poll(clock()) if watch.directory.exists() else []
         for w in windows:
             line = watch.alert(w)
             emit(w, line)
