@@ -183,9 +183,9 @@ def test_xid79_drains_within_a_second_job_waits_and_runs_after_ack(make_node: An
     assert slurm.job_state(job) == "PENDING"
     assert not (slurm.root / "jobs" / f"ran-{bus}").exists()
 
+    acked = time.monotonic()  # before the call: the agent may see the ack before robustctl's process has exited
     r = n.d.robustctl("ack", f"gpu/0000:{bus}:00.0", "XID_79", "--reason", "reseated")
     assert r.returncode == 0, r.stderr
-    acked = time.monotonic()
     wait_idle(slurm, n, timeout=15)
     assert time.monotonic() - acked >= 2.0  # resume_after
     ran = slurm.wait_for(lambda: (slurm.root / "jobs" / f"ran-{bus}").exists(), 20, "the job ran", fail=False)
