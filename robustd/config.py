@@ -203,6 +203,9 @@ class CollectivesConfig(Strict):
     # (stoptests/collective_launcher.py DEFAULTS). Smaller for a slow fabric or a test bench.
     size_mb: float = Field(default=0.0, ge=0, le=65536)
     iterations: int = Field(default=0, ge=0, le=100_000)
+    # fork: the ranks are forked from the launcher once it has loaded torch (one load per node); exec: each
+    # rank is its own interpreter (an escape hatch for a torch build that does not survive a fork).
+    worker_start: Literal["fork", "exec"] = "fork"
     timeout: Duration = 300.0
 
 

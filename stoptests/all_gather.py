@@ -306,12 +306,17 @@ def judge_all_gather(ln: Launcher, rdv: Rendezvous, how: str) -> list[tuple[str,
     # lateness: who never reached the phase everybody else waited in
     if how == "deadline" and not suspects and not own and not own_errors and not errors:
         lag, top = ln.laggards(positions)
+        starting = ln.still_starting(lag, positions)  # robustd's start-up was late, not a device
         for g in sorted(lag):
             k = node_of(g)
             why = (f"late: its rank {g} was still {describe(positions[g], ln.total)} at the "
                    f"{ln.timeout:g}s timeout while others got to '{describe(top, ln.total)}'")
+            if starting:
+                why = f"could not start the test in time ({why}): no evidence about its devices"
             if k == me:
-                own.append(why.replace("its rank", "this node's rank"))
+                (own_errors if starting else own).append(why.replace("its rank", "this node's rank"))
+            elif starting:
+                errors.setdefault(k, why)
             else:
                 suspects.setdefault(k, why)
         if not lag and not formed:

@@ -67,6 +67,17 @@ def run_all_to_all(spec: dict[str, Any], t0: float) -> int:
         emit_progress(100.0, "all-to-all could not start")
         return 0
 
+    stuck = {r.index: r.pos for r in ln.ranks}
+    if how == "deadline" and not any(r.crashed for r in ln.ranks) and ln.still_starting(ln.laggards(stuck)[0], stuck):
+        late = sorted(ln.laggards(stuck)[0])
+        emit_result("host", ERROR, f"the test could not start in time: rank(s) {', '.join(map(str, late))} were "
+                                   f"still {describe(P_SPAWNED, ln.total)} at the {ln.timeout:g}s timeout (a loaded "
+                                   f"host or a slow start-up: no evidence about the devices)", {},
+                    {"backend": ln.backend, "ranks": n, "cause": "start-up",
+                     **{f"rank{r.index}": describe(r.pos, ln.total) for r in ln.ranks}})
+        emit_progress(100.0, "all-to-all could not start in time")
+        return 0
+
     verdicts = judge_all_to_all(ln, how)
     for r, v in zip(ln.ranks, verdicts[:n], strict=True):
         emit_result(r.component, v.status, v.message, v.figures, v.details)

@@ -1,10 +1,17 @@
 """The launcher shared by the two stop-time collectives (all_to_all.py, all_gather.py).
 
-It starts one worker process per local rank (``python -m stoptests.collective_worker
---worker-fd N``, collective_worker.py), each joined to the launcher by a socketpair, follows every
-rank's phase, and at the deadline (the spec's ``timeout`` less a small margin) kills every worker
-that is still running; the test's own module then judges what it saw. Bus bandwidth follows
+It starts one worker process per local rank (collective_worker.py), each joined to the launcher by a
+socketpair, follows every rank's phase, and at the deadline (the spec's ``timeout`` less a small
+margin) kills every worker that is still running; the test's own module then judges what it saw. Bus bandwidth follows
 nccl-tests: ``algbw = bytes / time``, ``busbw = algbw * (n-1)/n``.
+
+Workers are forked from the launcher once it has loaded torch (``worker_start: fork``, the default), so
+a node pays for loading torch once, not once per rank and once more for the all-gather's store: about
+3 s of CPU each on a CPU host, which on a busy machine decided whether a short collective timeout went
+to loading torch or to the test (bench/diag_startup.py). Only torch is loaded before the fork, not CUDA
+(each worker initialises its own device, as DataLoader workers do) and no thread has started. Where torch
+cannot be loaded here, or with ``worker_start: exec``, each worker is its own interpreter (``python -m
+stoptests.collective_worker --worker-fd N``), and one whose torch fails says so as before.
 
 Attribution, common to both tests: a rank that crashes (non-zero exit, or an error outside a
 collective) is the suspect; a rank that never reached the phase the others wait in when the
@@ -15,7 +22,9 @@ fault attributed") even when the test stopped early; their ``details.completed``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -27,7 +36,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from stoptests.collective_worker import P_ITER, P_SPAWNED
+from stoptests.collective_worker import P_ITER, P_SPAWNED, worker_main
 from stoptests.protocol import (
     MAX_LOCAL_RANKS,
     SpecError,
@@ -42,6 +51,8 @@ from stoptests.protocol import (
     spec_gpus,
     spec_timeout,
 )
+
+WORKER_START = ("fork", "exec")
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -62,11 +73,58 @@ MAX_SIZE_MB = 1 << 16
 MAX_ITERATIONS = 100_000
 
 
+class Forked:
+    """A forked worker, waited for as a Popen is (wait, kill, returncode: -N for a signal)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -9  # reaped elsewhere: gone
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+def load_torch() -> str | None:
+    """Import torch and torch.distributed here, in the launcher, for its workers to fork with; None when
+    loaded, else why not (the workers are then started as their own interpreters and say why themselves)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any failure to load is the same: no torch to fork with
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 @dataclass
 class Rank:
     index: int  # local rank
     component: str
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | Forked | None = None
     conn: Connection | None = None
     pos: int = P_SPAWNED
     exit_code: int | None = None
@@ -135,6 +193,9 @@ class Launcher:
         self.gpus = spec_gpus(spec)
         self.faults = dict(spec_faults(spec))
         self.node = bounded_str(spec.get("node"), "node", "", 256)
+        self.worker_start = bounded_str(spec.get("worker_start") or None, "worker_start", "fork", 8)
+        if self.worker_start not in WORKER_START:
+            raise SpecError(f"worker_start must be one of {', '.join(WORKER_START)}, not {self.worker_start!r}")
         self.size_mb, self.iterations, self.warmup = _settings(spec, self.test, self.backend)
         self.total = self.iterations  # verified iterations (then as many timed ones)
         if self.gpus:
@@ -161,12 +222,44 @@ class Launcher:
             iface = route_interface(str(master))
             if iface:
                 env["GLOO_SOCKET_IFNAME"] = iface  # gloo would otherwise use whatever the hostname resolves to
+        if self.worker_start == "fork":
+            os.environ.update(env)  # before torch loads: what the workers read, they read from here
+            if load_torch() is None:
+                self._fork_all()
+                return
         for r in self.ranks:
             mine, theirs = socket.socketpair()
             r.proc = subprocess.Popen([sys.executable, "-m", "stoptests.collective_worker", "--worker-fd",
                                        str(theirs.fileno())], pass_fds=(theirs.fileno(),),
                                       stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), env=env, cwd=REPO)
             theirs.close()
+            r.conn = Connection(mine.detach())
+
+    def _fork_all(self) -> None:
+        """Fork one worker per rank from this process (torch loaded, no thread started yet)."""
+        sys.stdout.flush()  # what is buffered here must not be written once more by every child
+        sys.stderr.flush()
+        for r in self.ranks:
+            mine, theirs = socket.socketpair()
+            pid = os.fork()
+            if pid == 0:  # the worker
+                code = 4
+                try:
+                    os.dup2(2, 1)  # stdout is the launcher's result protocol: a worker's prints go to stderr
+                    mine.close()
+                    for other in self.ranks:
+                        if other.conn is not None:
+                            other.conn.close()
+                    with contextlib.suppress(OSError):
+                        os.chdir(REPO)  # where an exec'd worker runs
+                    code = worker_main(theirs.detach())
+                finally:
+                    with contextlib.suppress(Exception):
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                    os._exit(code)
+            theirs.close()
+            r.proc = Forked(pid)
             r.conn = Connection(mine.detach())
 
     def base_cfg(self, r: Rank, words: int) -> dict[str, Any]:
@@ -291,6 +384,12 @@ class Launcher:
                                 f"{b['iteration']}" + (f" (and {len(real) - 1} more receivers)" if len(real) > 1
                                                        else ""))
         return out
+
+    def still_starting(self, lag: set[int], positions: dict[int, int]) -> bool:
+        """Whether every laggard is a worker that had not begun to run: on CPU ranks (gloo) nothing lies
+        between its start and torch loaded but robustd's own start-up (a loaded host, a slow disk), which
+        is no evidence about the machine's devices; an NCCL rank initialises its GPU in that phase."""
+        return bool(lag) and self.backend != "nccl" and all(positions[g] == P_SPAWNED for g in lag)
 
     def laggards(self, positions: dict[int, int]) -> tuple[set[int], int]:
         if not positions:

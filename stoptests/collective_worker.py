@@ -156,6 +156,9 @@ def worker_main(fd: int) -> int:
                 store_box.clear()
         pos_now[0] = p
 
+    slow = cfg["faults"].get("slow_start")
+    if isinstance(slow, dict) and int(slow.get("rank", 0)) == cfg.get("local_rank", cfg.get("rank")):
+        time.sleep(float(slow.get("seconds", 30)))  # test-only: this rank has not begun to run yet
     try:
         run_worker(cfg, conn, phase, store_box)
     except _Collective as e:

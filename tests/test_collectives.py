@@ -100,8 +100,9 @@ def statuses(res: dict[str, dict[str, Any]]) -> dict[str, str]:
     return {c: r["status"] for c, r in res.items()}
 
 
-def test_all_to_all_passes_with_bandwidth(tmp_path: Path) -> None:
-    res, _, _ = run_a2a(tmp_path)
+@pytest.mark.parametrize("start", ["fork", "exec"])  # fork: the default; exec: diagnostics.collectives.worker_start
+def test_all_to_all_passes_with_bandwidth(tmp_path: Path, start: str) -> None:
+    res, _, _ = run_a2a(tmp_path, worker_start=start)
     assert statuses(res) == {f"rank/{i}": "PASS" for i in range(4)}
     for r in res.values():
         f = r["figures"]
@@ -124,8 +125,19 @@ def test_delayed_rank_is_the_hung_one(tmp_path: Path) -> None:
     assert elapsed < 12.0 + 10.0  # the daemon's kill comes at timeout + 10 s; the child reports before it
 
 
-def test_killed_rank_is_the_crashed_one(tmp_path: Path) -> None:
-    res, _, _ = run_a2a(tmp_path, faults={"kill": {"rank": 3}})
+def test_a_rank_that_never_began_to_run_is_an_error_not_a_fail(tmp_path: Path) -> None:
+    """On CPU ranks nothing but robustd's own start-up lies before a worker runs: a host too loaded to start
+    one in time is no evidence about a device (a scheduler would drain a healthy node on a FAIL)."""
+    res, elapsed, _ = run_a2a(tmp_path, timeout=8.0, faults={"slow_start": {"rank": 2, "seconds": 60}})
+    assert statuses(res) == {"host": "ERROR"}, res
+    assert res["host"]["message"].startswith("the test could not start in time: rank(s) 2 were still starting")
+    assert res["host"]["details"]["cause"] == "start-up"
+    assert elapsed < 8.0 + 10.0
+
+
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_killed_rank_is_the_crashed_one(tmp_path: Path, start: str) -> None:
+    res, _, _ = run_a2a(tmp_path, faults={"kill": {"rank": 3}}, worker_start=start)
     assert res["rank/3"]["status"] == "FAIL" and "crashed" in res["rank/3"]["message"]
     assert [c for c, s in statuses(res).items() if s == "FAIL"] == ["rank/3"]
 
@@ -163,6 +175,7 @@ def test_without_torch_the_test_cannot_run(tmp_path: Path, python_without_torch:
 
 @pytest.mark.parametrize("extra, words", [
     ({"size_mb": 1e9}, "size_mb must be between"),
+    ({"worker_start": "spawn"}, "worker_start must be one of fork, exec, not 'spawn'"),
     ({"timeout": "1h"}, "timeout must be a number"),
     ({"test": "all_gather", "rendezvous": {"master_addr": "127.0.0.1", "master_port": 70000, "world_size": 2,
                                            "node_rank": 1}}, "master_port must be between 1 and 65535"),
@@ -265,6 +278,17 @@ def test_all_gather_nobody_else_joined_is_an_error(tmp_path: Path) -> None:
     res, _ = out[0]
     assert statuses(res) == {"node/rank1": "SKIPPED", "node/rank2": "SKIPPED", "host": "ERROR"}, res
     assert "no other node joined the rendezvous" in res["host"]["message"]
+
+
+def test_all_gather_a_node_late_to_start_is_an_error_for_every_node(tmp_path: Path) -> None:
+    out = run_ag(tmp_path, [0, 1, 2], timeout=10.0, faults={1: {"slow_start": {"rank": 0, "seconds": 60}}})
+    for k in (0, 2):
+        res = out[k][0]
+        assert res["node/node-1"]["status"] == "ERROR", (k, res)
+        assert "could not start the test in time (late: its rank 1 was still starting" in res["node/node-1"]["message"]
+        assert "FAIL" not in statuses(res).values(), (k, res)
+    assert "FAIL" not in statuses(out[1][0]).values(), out[1][0]
+    assert "ERROR" in statuses(out[1][0]).values(), out[1][0]
 
 
 @pytest.mark.parametrize("timeout", [10.0])

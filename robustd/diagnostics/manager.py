@@ -297,6 +297,7 @@ class DiagnosticsManager:
             "gpus": gpus, "backend": backend, "cpu_ranks": cfg.collectives.cpu_ranks,
             "min_busbw_gbps": cfg.collectives.min_busbw_gbps, "steps": cfg.minigpt.steps,
             "size_mb": cfg.collectives.size_mb, "iterations": cfg.collectives.iterations,  # 0: the test's default
+            "worker_start": cfg.collectives.worker_start,
             "eud": {"command": list(cfg.eud.command)}, "faults": {},
         }
         if (rv := req.rendezvous) is not None:
