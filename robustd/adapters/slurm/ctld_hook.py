@@ -244,8 +244,11 @@ def _diagnose(cfg: SlurmConfig, job: str, targets: Sequence[Target], diagnose: D
     except Exception as e:  # noqa: BLE001 - fail open: robustd's own error releases every hold
         log.error("job %s: the diagnosis could not run: %s: %s", job, type(e).__name__, e)
         return None, [], f"{type(e).__name__}: {e}"
-    log.warning("job %s: diagnosis %s %s in %.1f s: %s", job, d.run_id, d.outcome, d.seconds,
-                "; ".join(f"{s.kind} {node_of.get(s.host, s.host)}: {s.reason}" for s in d.suspects) or "no suspects")
+    said = "; ".join(f"{s.kind} {node_of.get(s.host, s.host)}: {s.reason}" for s in d.suspects) or "no suspects"
+    if not d.suspects and d.outcome != "PASS":  # why there was no verdict: the notes (and each host's)
+        notes = [*d.notes, *(f"{node_of.get(r.host, r.host)}: {n}" for r in d.hosts for n in r.notes)]
+        said += ("; " + "; ".join(notes[:6]))[:1500] if notes else ""
+    log.warning("job %s: diagnosis %s %s in %.1f s: %s", job, d.run_id, d.outcome, d.seconds, said)
     return d.outcome, findings(d.suspects, node_of), ""
 
 
