@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEB_PACKAGES := libsystemd-dev pkg-config iproute2 gcc python3-dev python3-venv lintian rpm systemd openssl \
-	slurmctld slurmd slurm-client munge debootstrap prometheus man-db
+	slurmctld slurmd slurm-client munge debootstrap prometheus man-db curl jq
 
 .PHONY: run test lint proto man bench deps clean deb rpm k8s-e2e
 
