@@ -55,6 +55,7 @@ class Lines:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, cwd=REPO)
         self.q: queue.Queue[str] = queue.Queue()
+        self._stopped: tuple[int, str] | None = None
         self.pump = threading.Thread(target=self._pump, daemon=True)
         self.pump.start()
 
@@ -77,7 +78,10 @@ class Lines:
                 return ev
 
     def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        """Stop with `sig` (SIGTERM: a signal the test controls, whatever the suite inherited); (status, stderr)."""
+        """Stop with `sig` (SIGTERM: a signal the test controls, whatever the suite inherited); (status, stderr).
+        A second call (a failed assertion's message, then the test's cleanup) returns what the first read."""
+        if self._stopped is not None:
+            return self._stopped
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
@@ -90,7 +94,8 @@ class Lines:
         self.proc.stderr.close()
         self.pump.join(5)
         self.proc.stdout.close()
-        return self.proc.returncode, err
+        self._stopped = (self.proc.returncode, err)
+        return self._stopped
 
 
 def test_status_clean_node_is_ok(daemon: Daemon) -> None:
