@@ -455,3 +455,56 @@ def test_a_fix_beyond_the_ideal_removes_all_of_the_slowdown_not_more(tmp_path: P
     assert [c["kind"] for c in got["causes"]] == ["slow_worker"]
     assert "removes all of the slowdown" in got["causes"][0]["evidence"]
     assert "%" not in got["causes"][0]["evidence"]
+
+
+# ------------------------------------------------------------------ when the replay's own error is too large
+
+EXISTING_KEYS = {"trial", "layout", "slowdown", "measured_time", "ideal_time", "traced_time", "wasted_fraction",
+                 "m_s", "m_w", "m_w_workers", "simulation_error", "steps", "op_types", "dp_ranks", "pp_ranks",
+                 "workers", "causes"}
+
+
+def test_large_untraced_gaps_make_the_replay_untrusted(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same slow worker as test_slow_worker_is_named_and_hottest, but every launch preceded by up to 0.5 s of
+    # untraced CPU time (an overloaded host): most of each traced step is outside the traced ops, so the replay
+    # is not trusted and no slow_worker is given as a finding, in the JSON or the text.
+    from robustd.stragglers.analysis import SIM_ERROR_CUTOFF
+
+    monkeypatch.setattr(synth, "LAUNCH_GAP", 0.5)
+    job = synth.Job(slow_worker=(1, 2, 1.6))
+    got = synthetic(tmp_path, capsys, job)
+    assert set(got) >= EXISTING_KEYS
+    assert got["simulation_error"] > SIM_ERROR_CUTOFF
+    assert got["trusted"] is False and got["sim_error_cutoff"] == SIM_ERROR_CUTOFF
+    assert "outside the traced ops" in got["trust_reason"] and f"{SIM_ERROR_CUTOFF:.0%} cut-off" in got["trust_reason"]
+    kinds = [c["kind"] for c in got["causes"]]
+    assert kinds[0] == "untrusted" and "slow_worker" not in kinds and "stage_imbalance" not in kinds
+    assert "slow worker" in got["causes"][0]["evidence"] and "is not a finding" in got["causes"][0]["evidence"]
+    capsys.readouterr()
+    files = ("--metadata", str(tmp_path / "meta.yaml"), "--trace", str(tmp_path / "trace.parquet"))
+    assert robustctl("analyze", *files) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sum(ln.startswith("not trusted: simulation error +") for ln in out) == 1
+    assert not any(ln.startswith("M_S = ") for ln in out) and not any("slow_worker" in ln for ln in out)
+
+
+def test_the_sample_traces_are_trusted_and_keep_their_causes(sample: dict) -> None:
+    for name, kind in (("AR", "slow_worker"), ("ST", "stage_imbalance")):
+        got, _ = sample[name]
+        assert set(got) >= EXISTING_KEYS
+        assert got["trusted"] is True and got["trust_reason"] == "" and got["simulation_error"] < 0.05
+        assert [c["kind"] for c in got["causes"]] == [kind]
+
+
+def test_negative_m_s_and_workers_below_1_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A slow worker on the first stage of a 2x2 job: the ideal is the mean compute, the slow worker's own
+    # included, so the last stage and the other workers replay faster than ideal. The text says what that means.
+    synth.write(synth.Job(dp=2, pp=2, slow_worker=(1, 0, 2.0)), tmp_path / "trace.parquet", tmp_path / "meta.yaml")
+    capsys.readouterr()
+    files = ("--metadata", str(tmp_path / "meta.yaml"), "--trace", str(tmp_path / "trace.parquet"))
+    assert robustctl("analyze", *files) == 0
+    out = capsys.readouterr().out
+    assert "M_S < 0: fixing the last stage to the ideal makes the replay slower" in out
+    assert "faster than the ideal, which is the mean over all workers" in out
+    assert "not trusted" not in out and "slow_worker: slow worker DP 1 PP 0" in out

@@ -228,3 +228,22 @@ def test_watch_fails_on_metadata_that_stays_malformed(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "robustd.cli.robustctl", "stragglers", "watch", str(tmp_path), "--once"],
                        capture_output=True, text=True, timeout=120, cwd=REPO)  # --once: no grace
     assert r.returncode == exitcodes.USAGE and "not valid YAML (line 2)" in r.stderr and "Traceback" not in r.stderr, r
+
+
+def test_watch_of_an_untrusted_replay_alerts_on_s_without_claiming_a_slow_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DP 1 PP 0 slow in every window, but each launch preceded by up to 0.5 s of untraced CPU time (an
+    # overloaded host): the alert still comes on S, and its cause says the replay is not trusted.
+    monkeypatch.setattr(synth, "LAUNCH_GAP", 0.5)
+    write_meta(tmp_path)
+    for first, cols in synthetic_windows(3, fault_from=0).items():
+        write_window(tmp_path, first, cols)
+    code, out = robustctl("watch", str(tmp_path), "--once")
+    lines = out.splitlines()
+    assert code == 1, lines
+    assert all("cause untrusted" in ln for ln in lines[:-1]) and not any("slow_worker" in ln for ln in lines)
+    assert lines[-1].startswith("ALERT: S > 1.1 for 3 consecutive windows (steps 0-8): untrusted: ")
+    assert "simulation error" in lines[-1] and "not trusted" in lines[-1]
+    code, out = robustctl("watch", str(tmp_path), "--once", "--json")
+    first = json.loads(out.splitlines()[0])
+    assert first["trusted"] is False and first["cause"] == "untrusted"

@@ -111,18 +111,37 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def text(r: Report, heatmap_path: str | None = None, timeline_path: str | None = None, top: int = 5) -> str:
+    from robustd.stragglers.analysis import SIM_ERROR_CUTOFF, STUDY_DISCARD
+
     steps = r.steps
     span = f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
     lines = [f"{r.name or 'job'}: DP {r.dp} x PP {r.pp} = {r.dp * r.pp} workers, {len(steps)} steps ({span})",
              f"slowdown S = {r.slowdown:.3f}: {r.measured_time:.3f} s/step replayed vs {r.ideal_time:.3f} s/step "
              f"ideal; {r.wasted_fraction:.1%} of GPU time wasted",
-             f"simulation error {r.simulation_error:+.1%} (traced {r.traced_time:.3f} s/step)",
-             f"M_S = {r.m_s:.3f} (fix the last stage)   M_W = {r.m_w:.3f} (fix the slowest {len(r.worst)} "
-             f"worker{'s' if len(r.worst) != 1 else ''})",
-             "causes:"]
+             f"simulation error {r.simulation_error:+.1%} (traced {r.traced_time:.3f} s/step)"]
+    if r.trusted and r.simulation_error > STUDY_DISCARD:
+        lines.append(f"  above the study's {STUDY_DISCARD:.0%} bar but under the {SIM_ERROR_CUTOFF:.0%} cut-off: "
+                     f"time outside the traced ops (launch delays; on a CPU job timed by thread CPU time, waiting "
+                     f"for a core), which the replay leaves out of T and T_ideal alike")
+    if r.trusted:
+        lines.append(f"M_S = {r.m_s:.3f} (fix the last stage)   M_W = {r.m_w:.3f} (fix the slowest {len(r.worst)} "
+                     f"worker{'s' if len(r.worst) != 1 else ''})")
+        if r.m_s < 0:
+            lines.append("  M_S < 0: fixing the last stage to the ideal makes the replay slower: the last stage is "
+                         "faster than the ideal (the mean over all workers, the slow ones included)")
+        if r.m_w < 0:
+            lines.append("  M_W < 0: fixing the slowest workers to the ideal makes the replay slower: they are not "
+                         "what holds the job back")
+    else:
+        lines.append(f"not trusted: {r.trust_reason}")
+    lines.append("causes:")
     lines += [f"  {c.kind}: {c.evidence}" for c in r.causes]
     lines.append("slowest workers (min of DP-rank and PP-rank slowdowns):")
     lines += [f"  DP {w.dp_rank} PP {w.pp_rank}: {w.slowdown:.3f}" for w in r.workers[:top]]
+    if r.workers and r.workers[-1].slowdown < 1.0:
+        fast = ", ".join(f"DP {w.dp_rank} PP {w.pp_rank} {w.slowdown:.2f}" for w in r.workers if w.slowdown < 1.0)
+        lines.append(f"  below 1 ({fast}): faster than the ideal, which is the mean over all workers, the slow "
+                     f"ones included")
     lines.append("op types (S_t, only that type straggling):")
     lines += [f"  {k}: {v:.3f}" for k, v in list(r.op_types.items())[:top]]
     worst_steps = sorted(r.step_slowdown.items(), key=lambda kv: -kv[1])[:top]

@@ -10,7 +10,12 @@ selected steps.
   min(S_dp, S_pp) (the paper's approximation of fixing all but one worker).
 - M_W = (T - T^W) / (T - T_ideal), W = the slowest ceil(3 % of workers) fixed, everything else traced.
   M_S likewise with the last PP stage fixed (0 without pipeline parallelism).
-- Simulation error = traced step time / T - 1 (untraced CPU launch delays, mostly).
+- Simulation error = traced step time / T - 1 (untraced CPU launch delays, mostly). Above SIM_ERROR_CUTOFF
+  the replay is not trusted: M_S and M_W are reported but no cause that rests on them (stage_imbalance,
+  slow_worker) is given; an `untrusted` cause says why in their place.
+- M_S < 0 or a worker slowdown < 1 is not an error: T_ideal uses the mean compute time, the slow workers'
+  own included, so a stage or worker faster than that mean replays faster than ideal (fixing it to the
+  ideal makes the replay slower).
 """
 
 from __future__ import annotations
@@ -34,6 +39,23 @@ MIN_DP_SPREAD = 0.02  # ... and the DP ranks' step compute differs from step to 
 ROW_SLOWER = 1.05  # a DP rank whose compute is this much above the other ranks' on every stage carries heavier data
 GC_SHARE = 0.2  # share of the slowdown that GC pauses must explain
 WORST_SHARE = 0.03  # M_W fixes the slowest 3 % of workers
+STUDY_DISCARD = 0.05  # the study's bar: traces whose replay misses more than 5 % of the step were discarded
+SIM_ERROR_CUTOFF = 5.0
+"""Simulation error above which the replay is not trusted to attribute the slowdown (M_S, M_W).
+
+The study (OSDI '25) discards traces whose replay misses more than 5 % of the real step time (its fleet:
+median 1.3 %, p90 5.5 %); its sample traces read +0.7 % (AR) and +1.9 % (ST), the synthetic jobs under 2 %.
+A CPU job recorded with cpu_compute_clock="thread" (examples/pipeline_train.py, 4 ranks on 2 cores) is far
+above 5 % by design: a compute op is timed by the CPU time it got, so the time it waited for a core is
+outside every traced op, and the replay (T, and T_ideal alike) leaves it out on purpose. Measured on a
+shared 2-core machine: +17 % to +70 % per window quiet, +47 % to +131 % with the host's other load,
++94 % to +186 % with 2 CPU burners beside the job, +189 % to +371 % per run or 4-step window with 4
+burners, and every run and window still named its injected cause (slow_worker, stage_imbalance,
+sequence_imbalance, gc; none when healthy). A 5 % cut-off would discard every CPU run of the example, the
+repository's own end-to-end tests among them (their slow_worker alert runs on a loaded CI machine). Above
++500 % the traced ops cover less than a sixth of the step: the untraced time then dwarfs any slowdown the
+replay can explain and M_S / M_W describe a sliver of the job, so the hints that rest on them are not given.
+"""
 
 
 @dataclass
@@ -48,7 +70,7 @@ class Worker:
 
 @dataclass
 class Cause:
-    kind: str  # stage_imbalance, slow_worker, sequence_imbalance, gc, none
+    kind: str  # stage_imbalance, slow_worker, sequence_imbalance, gc, none, untrusted (see SIM_ERROR_CUTOFF)
     evidence: str
     score: float = 0.0
     workers: list[Worker] = field(default_factory=list)
@@ -87,6 +109,21 @@ class Report:
     def simulation_error(self) -> float:
         return self.traced_time / self.measured_time - 1.0 if self.measured_time > 0 else 0.0
 
+    @property
+    def trusted(self) -> bool:
+        """Whether the replay's own error is small enough to attribute the slowdown (SIM_ERROR_CUTOFF)."""
+        return self.simulation_error <= SIM_ERROR_CUTOFF
+
+    @property
+    def trust_reason(self) -> str:
+        """One plain line on why the replay is not trusted ("" when it is)."""
+        if self.trusted:
+            return ""
+        untraced = 1.0 - 1.0 / (1.0 + self.simulation_error)
+        return (f"simulation error {self.simulation_error:+.0%} is above the {SIM_ERROR_CUTOFF:.0%} cut-off: "
+                f"{untraced:.0%} of the traced step time is outside the traced ops (CPU launch delays, ops "
+                f"waiting for a core on an overloaded host), so M_S and M_W are not trusted")
+
     def to_json(self) -> dict:
         r = _round
         return {
@@ -101,6 +138,9 @@ class Report:
             "m_w": r(self.m_w),
             "m_w_workers": [{"dp_rank": w.dp_rank, "pp_rank": w.pp_rank} for w in self.worst],
             "simulation_error": r(self.simulation_error),
+            "trusted": self.trusted,
+            "sim_error_cutoff": SIM_ERROR_CUTOFF,
+            "trust_reason": self.trust_reason,
             "steps": {str(s): r(v) for s, v in self.step_slowdown.items()},
             "op_types": {k: r(v) for k, v in self.op_types.items()},
             "dp_ranks": [r(v) for v in self.dp_slowdown],
@@ -211,12 +251,16 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
     excess = s - 1.0
     out: list[Cause] = []
     heavier = _last_stage_compute_ratio(g)
+    withheld: list[str] = []  # hints that rest on M_S / M_W, not given when the replay is not trusted
     if r.pp > 1 and r.m_s >= M_THRESHOLD and heavier >= LAST_STAGE_HEAVIER:
         last = r.pp - 1
         evidence = (f"fixing the last stage (PP {last}) removes {_share(r.m_s)} of the slowdown (M_S = {r.m_s:.2f}); "
                     f"its compute per microbatch is {heavier:.2f}x the other stages'; PP {last} slowdown "
                     f"{r.pp_slowdown[last]:.3f}, other stages <= {max(r.pp_slowdown[:last]):.3f}")
-        out.append(Cause("stage_imbalance", evidence, score=min(r.m_s, 1.0)))
+        if r.trusted:
+            out.append(Cause("stage_imbalance", evidence, score=min(r.m_s, 1.0)))
+        else:
+            withheld.append("stage_imbalance")
     flagged = {p: v.r for p, v in r.variation.items()
                if v.r >= CORRELATION and v.variation >= MIN_VARIATION and v.dp_spread >= MIN_DP_SPREAD}
     heavy_rows = _heavy_dp_ranks(g)
@@ -244,10 +288,12 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
         names = ", ".join(f"DP {w.dp_rank} PP {w.pp_rank} ({w.slowdown:.2f}x)" for w in standouts)
         fixed = ("the slowest worker" if len(r.worst) == 1 else
                  f"the slowest {len(r.worst)} workers ({WORST_SHARE:.0%})")
-        out.append(Cause("slow_worker", f"slow worker{'s' if len(standouts) > 1 else ''} {names}: fixing {fixed} "
-                                        f"removes {_share(r.m_w)} of the slowdown (M_W = {r.m_w:.2f})",
-                         score=min(r.m_w, 1.0),
-                         workers=standouts))
+        if not r.trusted:
+            withheld.append("slow_worker")
+        else:
+            out.append(Cause("slow_worker", f"slow worker{'s' if len(standouts) > 1 else ''} {names}: fixing {fixed} "
+                                            f"removes {_share(r.m_w)} of the slowdown (M_W = {r.m_w:.2f})",
+                             score=min(r.m_w, 1.0), workers=standouts))
     gc_s = r.op_types.get("gc", 1.0)
     if gc_s - 1.0 >= GC_SHARE * excess:
         gc_nodes = g.optype == graphmod.T["gc"]
@@ -256,6 +302,11 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
         out.append(Cause("gc", f"garbage-collection pauses alone slow the job by {gc_s:.3f}x ({share:.0%} of the "
                                f"slowdown): pauses mean {pauses.mean() * 1e3:.0f} ms, max {pauses.max() * 1e3:.0f} ms, "
                                f"not synchronised across ranks", score=min(share, 1.0)))
+    if withheld:
+        # In the place of the hints that rest on M_S / M_W, first: what the watch line and its alert print.
+        out.append(Cause("untrusted", f"S = {s:.3f}, but the {r.trust_reason}; what would rest on them "
+                                      f"({' and '.join(k.replace('_', ' ') for k in withheld)}, M_S = {r.m_s:.2f}, "
+                                      f"M_W = {r.m_w:.2f}) is not a finding", score=2.0))
     if not out:
         top = max(r.op_types.items(), key=lambda kv: kv[1])
         out.append(Cause("none", f"S = {s:.3f} but no known pattern: M_S = {r.m_s:.2f}, M_W = {r.m_w:.2f}, "

@@ -42,7 +42,7 @@ class Window:
             return {"window": self.first, "error": self.error}
         r = self.report
         return {"window": self.first, "steps": self.steps, "slowdown": round(r.slowdown, 6),
-                "wasted_fraction": round(r.wasted_fraction, 6), "cause": r.causes[0].kind,
+                "wasted_fraction": round(r.wasted_fraction, 6), "trusted": r.trusted, "cause": r.causes[0].kind,
                 "evidence": r.causes[0].evidence, "slowest": [w.to_json() for w in r.workers[:3]]}
 
     def line(self) -> str:
