@@ -281,7 +281,11 @@ def _causes(r: Report, g: Graph) -> list[Cause]:
     # A worker is slow when its machine is; a DP rank slow on every stage whose microbatch work varies with
     # sequence length is slow because of its data: fixing it removes the slowdown, but it is not a slow worker.
     explained = heavy_rows if flagged else set()
-    if r.m_w >= M_THRESHOLD and not {w.dp_rank for w in r.worst} <= explained:
+    # And a worker is named only when it alone would make the job straggle (its S_w >= STRAGGLING): a job just
+    # over 1.1 whose slowest worker is not is scheduling noise spread over the workers (a healthy 4-rank job
+    # on a loaded 2-core host read S = 1.108 with M_W >= 0.5 and was told it had a slow worker).
+    if (r.m_w >= M_THRESHOLD and r.worst[0].slowdown >= STRAGGLING
+            and not {w.dp_rank for w in r.worst} <= explained):
         # Name the workers that stand out among the fixed ones (all of them when few).
         top = r.worst[0].slowdown
         standouts = [w for w in r.worst if w.slowdown - 1.0 >= 0.5 * (top - 1.0)] or r.worst[:1]
