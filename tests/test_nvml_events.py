@@ -303,6 +303,31 @@ def test_a_dbe_the_poll_counted_first_is_not_counted_again_by_its_late_event(
     watch.close()
 
 
+def test_a_remap_failure_and_a_lost_gpu_the_poll_reported_first_are_not_counted_again_by_their_late_events(
+        make_daemon: Any, short_tmp: Path, lib: str) -> None:  # noqa: F811
+    """As for a DBE: the poll can read the remap-failure flag or find the GPU lost before the driver's event
+    is delivered; one fault is count 1 and no UPDATED (an adapter would take it as a new fault and re-drain)."""
+    d, path = gpu_node(make_daemon, short_tmp, lib, interval="200ms")
+    watch = WatchStream(d)
+    remap, lost = f"gpu/{BUS[3]}", f"gpu/{BUS[6]}"
+
+    def state_only(st: emu.EmulatorState) -> None:  # what the poll reads changes; the driver's events come later
+        st.gpus[3].remap_failure = 1
+        st.gpus[6].faults = ",".join([*st.gpus[6].fault_list, "lost"])
+
+    edit(path, state_only)
+    watch.wait("RAISED", remap, "GPU_ROW_REMAP_FAILURE")
+    watch.wait("RAISED", lost, "GPU_LOST")
+    time.sleep(0.5)  # a few polls more: the state repeats without a count
+    edit(path, lambda st: (emu.push_event(st, 3, emu.EVENT_DRAM_RETIREMENT_FAILURE),
+                           emu.push_event(st, 6, emu.EVENT_GPU_UNAVAILABLE)))
+    time.sleep(1.5)  # the events are in and the coalescing interval has passed
+    for comp, code in ((remap, "GPU_ROW_REMAP_FAILURE"), (lost, "GPU_LOST")):
+        assert [e[0] for e in watch.events if e[1:3] == (comp, code)] == ["RAISED"], watch.events
+        assert next(c for c in d.verdict().conditions if c.code == code and c.component == comp).count == 1
+    watch.close()
+
+
 def test_an_operators_xid_meaning_in_an_extra_kernel_rule_file_holds_for_nvml_events_too(
         make_daemon: Any, short_tmp: Path, lib: str) -> None:  # noqa: F811
     """The GPU check borrows the kernel rules' Xid table; it must not put the shipped meanings back over an

@@ -180,14 +180,25 @@ class GpuCheck(Check):
                 yield FindingBatch(self.name, batch)
 
     def _polled_already(self, f: Finding) -> bool:
-        """A DBE event for an error the poll has already counted (it read the volatile count first): one
-        uncorrectable error is one occurrence, whichever of the two saw it first. Right after a GPU reset zeroed
-        the count, an event may be dropped until the next poll reads the new count, which then reports it."""
-        if f.code != "GPU_ECC_DBE" or not f.evidence.get("count", "").isdigit():
-            return False
+        """An event for a fault the poll has already reported: one fault is one occurrence, whichever of the two
+        saw it first (an extra count is an UPDATED, which an adapter takes as a new fault and re-drains on).
+        - a DBE event whose volatile count the poll has already read (right after a GPU reset zeroed the count, an
+          event may be dropped until the next poll reads the new count, which then reports it);
+        - a retirement-failure event while the poll reports the remap failure standing (the flag stays until a
+          reset, so the poll's state carries it);
+        - an unavailable event for a GPU the poll already holds as lost (it reports it on every poll)."""
         bus = f.component.removeprefix("gpu/")
-        polled = next((g.dbe_polled for g in self.inventory if g.bus == bus), 0)
-        return polled >= int(f.evidence["count"]) > 0
+        g = next((g for g in self.inventory if g.bus == bus), None)
+        if g is None:
+            return False
+        if f.code == "GPU_ECC_DBE":
+            count = f.evidence.get("count", "")
+            return count.isdigit() and g.dbe_polled >= int(count) > 0
+        if f.code == "GPU_ROW_REMAP_FAILURE":
+            return g.readings.get("remap_failure") == 1
+        if f.code == "GPU_LOST":
+            return g.lost
+        return False
 
     def stuck_findings(self) -> Sequence[Finding] | None:
         """NVML_HANG on `host` while the event wait (or a field read of the watcher) is stuck past its bound."""
