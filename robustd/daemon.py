@@ -42,7 +42,7 @@ from robustd.cpuinfo import cpu_model
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.diagnostics.shelf import Shelf
 from robustd.engine import Engine
-from robustd.evidence import EvidenceStore
+from robustd.evidence import EvidenceStore, message_fit
 from robustd.inventory import GpuInventory
 from robustd.model import Event, Severity, worst
 from robustd.owned import Owned
@@ -88,6 +88,7 @@ class Daemon:
         self.last_watchdog: float | None = None  # time.monotonic() of the last WATCHDOG=1 (robustd/metrics.py)
         self.socket_id: tuple[int, int] | None = None
         self.state_lock: int | None = None
+        self._message_bytes = settings.config.listen.max_message_bytes  # the server's, set again when it starts
 
     # -- composition ---------------------------------------------------------------------------
     async def run(self) -> int:
@@ -242,6 +243,7 @@ class Daemon:
     async def _serve(self) -> grpc.aio.Server:
         cfg = self.settings.config
         listen = cfg.listen
+        self._message_bytes = listen.max_message_bytes  # a reload does not change a listening server's limit
         prepare_socket_path(listen.unix)
         self.front = server.unix_front(listen)
         self.authz = Authorizer(lambda: self.settings.config.authz, self.front)
@@ -257,7 +259,7 @@ class Daemon:
             self.health,
             EvidenceServicer(self.engine.view, EvidenceStore(cfg.state_dir, self._evidence_limits), self.diag,
                              self._gpu_inventory, cfg.node_name, self.boot_id, lambda: self.settings.config.evidence,
-                             self.authz))
+                             self.authz, listen.max_message_bytes))
         await server.start_listening(grpc_server, self.front, listen)
         st = os.lstat(listen.unix)
         self.socket_id = (st.st_dev, st.st_ino)
@@ -265,9 +267,11 @@ class Daemon:
         return grpc_server
 
     def _evidence_limits(self) -> tuple[int, int, int]:
-        """(keep, max_bundle_bytes, max_bytes) of the running config: a reload applies them at the next bundle."""
+        """(keep, max_bundle_bytes, max_bytes) of the running config: a reload applies them at the next bundle.
+        A bundle never exceeds what one gRPC message carries (the listener's max_message_bytes, fixed at start),
+        or Get could not return it."""
         e = self.settings.config.evidence
-        return e.keep, e.max_bundle_bytes, e.max_bytes
+        return e.keep, min(e.max_bundle_bytes, message_fit(self._message_bytes)), e.max_bytes
 
     def _start_metrics(self) -> None:
         from robustd.metrics import DaemonProbe

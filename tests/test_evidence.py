@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +21,7 @@ from checks.gpu.parse import normalize_bus_id
 from robustd import __version__
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.api.v1 import robustd_pb2_grpc as pb_grpc
-from robustd.evidence import ID, EvidenceStore
+from robustd.evidence import ID, EvidenceStore, Summary, fit, message_fit
 from robustd.nvmlemu import build
 from robustd.nvmlemu import state as emu
 
@@ -129,6 +130,84 @@ def test_the_directory_and_each_bundle_are_bounded_in_bytes(tmp_path: Path) -> N
         store.read("../state/events.db")
     assert not list((tmp_path / "evidence").glob(".*"))  # no temporary file left behind
     assert re.fullmatch(r"ev-\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}", made[0].id)
+
+
+def test_list_parses_each_bundle_once_and_sees_a_changed_or_removed_one(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A List of the newest 1000 must not read a gigabyte each call: a file is parsed once, again when it
+    changes, and forgotten when it goes."""
+    store = EvidenceStore(str(tmp_path), lambda: (100, 1 << 20, 1 << 30))
+    big = [{"seq": n, "line": "x" * 400} for n in range(200)]  # about 100 KB each
+    made = [store.write({"reason": f"r{i}", "components": [GPU], "events": list(big)}) for i in range(5)]
+    reads: list[str] = []
+    real = store.read
+    monkeypatch.setattr(store, "read", lambda ident: reads.append(ident) or real(ident))
+    first = store.list(10)
+    assert [s.id for s in first] == [s.id for s in reversed(made)] and first[0].reason == "r4"
+    assert first[0].components == (GPU,) and reads == []  # what write() made is known without reading it
+    fresh = EvidenceStore(str(tmp_path), lambda: (100, 1 << 20, 1 << 30))  # a restarted daemon
+    real_fresh = fresh.read
+    monkeypatch.setattr(fresh, "read", lambda ident: reads.append(ident) or real_fresh(ident))
+    assert fresh.list(10) == first and len(reads) == 5
+    assert fresh.list(10) == first and len(reads) == 5  # the second listing reads nothing
+    path = Path(fresh.path(made[2].id))
+    doc = json.loads(path.read_text())
+    doc["reason"] = "edited by hand"
+    path.write_text(json.dumps(doc))
+    os.unlink(fresh.path(made[0].id))
+    again = fresh.list(10)
+    assert [s.id for s in again] == [s.id for s in reversed(made[1:])] and reads[5:] == [made[2].id]
+    assert next(s for s in again if s.id == made[2].id).reason == "edited by hand"
+    assert made[0].id not in fresh._summaries  # a removed bundle is forgotten
+    garbage = Path(fresh.path("ev-20000101T000000.000Z-abcdef"))
+    garbage.write_text("[1, 2]")  # well named, not robustd's JSON: listed with what can be said
+    assert fresh.list(1000)[-1] == Summary("ev-20000101T000000.000Z-abcdef", 0.0, "", ())
+
+
+def test_a_bundle_always_fits_one_message_and_one_that_does_not_is_named_with_its_file(make_daemon: Any,
+                                                                                        short_tmp: Path) -> None:
+    """listen.max_message_bytes below evidence.max_bundle_bytes: a new bundle is cut to what Get can return;
+    one written before under a larger limit answers RESOURCE_EXHAUSTED with where it is, not gRPC's own error."""
+    lib = build.build_emulator(str(short_tmp / "nvmlemu"))
+    state = str(short_tmp / "nvml.state")
+    emu.save(state, emu.healthy_node(8))
+    d = make_daemon({"listen": {"max_message_bytes": 4096},
+                     "checks": {"kernel": {"enabled": False},
+                                "gpu": {"enabled": True, "backend": "emulator", "emulator_state": state,
+                                        "emulator_library": lib, "interval": "200ms"}}})
+    d.start()
+    gpus = [f"gpu/{normalize_bus_id(emu.healthy_gpu(i).bus_id)}" for i in range(8)]
+    time.sleep(1.0)  # a few polls: the GPUs' readings are published
+    with d.channel() as ch:
+        ev = pb_grpc.EvidenceStub(ch)
+        made = ev.Create(pb.CreateEvidenceRequest(reason="r" * 200, components=gpus), timeout=10)
+        path = Path(d.state_dir) / "evidence" / f"{made.id}.json"
+        assert path.stat().st_size <= message_fit(4096)
+        got = json.loads(ev.Get(pb.GetEvidenceRequest(id=made.id), timeout=10).json)
+        assert got["id"] == made.id and got["trimmed"], got  # cut to fit, and it says what went
+        old = "ev-20000101T000000.000Z-0a0b0c"
+        (path.parent / f"{old}.json").write_text(json.dumps({"id": old, "reason": "earlier",
+                                                             "events": ["x" * 100] * 400}))
+        assert old in [b.id for b in ev.List(pb.ListEvidenceRequest(), timeout=10).bundles]
+        msg = expect(grpc.StatusCode.RESOURCE_EXHAUSTED, ev.Get, pb.GetEvidenceRequest(id=old))
+        assert "listen.max_message_bytes 4096" in msg and str(path.parent / f"{old}.json") in msg, msg
+
+
+def test_fit_cuts_to_any_limit_and_says_what_went() -> None:
+    bundle = {"id": "ev-x", "created": "t", "reason": "r", "components": [GPU], "versions": {"robustd": "1"},
+              "verdict": {"severity": "CRITICAL", "action": "REBOOT",
+                          "conditions": [{"component": GPU, "evidence": {"line": "y" * 300}}] * 20},
+              "involved_conditions": [{"component": GPU, "evidence": {"line": "y" * 300}}],
+              "events": [{"seq": n} for n in range(100)], "kernel_log": [{"line": "z" * 200}] * 10,
+              "gpus": {"gpus": [{"bus": BUS, "readings": {"t": 1}}] * 50}, "diagnostics": [{"id": "d"}] * 5,
+              "notes": ["n" * 100] * 5}
+    for limit in (8000, 4096, 768, 400, 128):
+        data = fit(json.loads(json.dumps(bundle)), limit)
+        assert len(data) <= limit, (limit, len(data))
+        got = json.loads(data)
+        assert got["id"] == "ev-x" and got["trimmed"], got
+    assert json.loads(fit(json.loads(json.dumps(bundle)), 400))["trimmed"] == {"all": 1}
+    assert json.loads(fit(json.loads(json.dumps(bundle)), 1 << 20))["trimmed"] == {}
 
 
 def test_robustctl_evidence_create_list_show_export(node: tuple[Daemon, int], tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from robustd.authz import Authorizer
 from robustd.config import EvidenceConfig
 from robustd.diagnostics.manager import DiagnosticsManager
 from robustd.engine import EngineView
-from robustd.evidence import EvidenceStore, Summary
+from robustd.evidence import EvidenceStore, Summary, message_fit
 from robustd.inventory import GpuInventory
 from robustd.model import Condition, Event, worst
 from robustd.reads import Unreadable
@@ -100,8 +100,9 @@ class CreateLimit:
 class EvidenceServicer(pb_grpc.EvidenceServicer):
     def __init__(self, view: EngineView, store: EvidenceStore, diagnostics: DiagnosticsManager,
                  inventory: Callable[[], GpuInventory], node: str, boot_id: str,
-                 config: Callable[[], EvidenceConfig], authz: Authorizer | None):
+                 config: Callable[[], EvidenceConfig], authz: Authorizer | None, max_message_bytes: int = 4 << 20):
         self.view = view
+        self.max_message_bytes = max_message_bytes  # the listener's (listen.max_message_bytes, fixed at start)
         self.store = store
         self.diagnostics = diagnostics
         self.inventory = inventory
@@ -201,6 +202,13 @@ class EvidenceServicer(pb_grpc.EvidenceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if text is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no evidence bundle {bounds.echo(request.id)}")
+        size = len(text.encode())
+        if size > message_fit(self.max_message_bytes):
+            # Written under a larger listen.max_message_bytes (robustd cuts new ones to fit): say where it is.
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"evidence bundle {request.id} is {size} bytes, more than one message carries "
+                                f"(listen.max_message_bytes {self.max_message_bytes}): read "
+                                f"{self.store.path(request.id)} on the node")
         return pb.EvidenceBundle(id=request.id, json=text)
 
 
