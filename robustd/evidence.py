@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Callable
 
+from robustd import atomicfile
+
 ID = re.compile(r"ev-\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{6}")
 DIR = "evidence"
 MAX_READ = 16 << 20  # a bundle file read back is at most this (a larger one was not written by robustd)
@@ -74,16 +76,7 @@ class EvidenceStore:
                 break
         bundle = {"id": ident, "created": _iso(now), "created_unix": now, **bundle}
         data = fit(bundle, max_bundle)
-        tmp = os.path.join(self.dir, f".{ident}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.rename(tmp, self.path(ident))
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        atomicfile.write_bytes(self.path(ident), data, durable=True)
         self.prune(keep, max_bytes, ident)
         summary = Summary(ident, now, str(bundle.get("reason", "")), tuple(bundle.get("components", ())))
         stamp = _stamp(self.path(ident))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import tarfile
 import time
 from typing import Any
 
+from robustd import atomicfile
 from robustd.api.v1 import robustd_pb2 as pb
 from robustd.cli import exitcodes, output, render
 from robustd.cli.args import AddGlobals, verbs
@@ -92,14 +92,8 @@ def export(ident: str, text: str, path: str) -> None:
     readme = README.format(id=ident, node=d.get("node", "?"), created=d.get("created", "?"),
                            reason=d.get("reason") or "(none given)", components=", ".join(d.get("components", ()))
                            or "none")
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with tarfile.open(tmp, "w:gz") as tar:
-            for name, data in ((f"{ident}.json", text.encode()), ("README.txt", readme.encode())):
-                info = tarfile.TarInfo(f"{ident}/{name}")
-                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-                tar.addfile(info, io.BytesIO(data))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomicfile.replacing(path) as tmp, tarfile.open(tmp, "w:gz") as tar:
+        for name, data in ((f"{ident}.json", text.encode()), ("README.txt", readme.encode())):
+            info = tarfile.TarInfo(f"{ident}/{name}")
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(data))

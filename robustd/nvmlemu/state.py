@@ -57,12 +57,11 @@ and anything else (a test's fake dcgmi) may change them with `set_value`; `set_e
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, fields
+
+from robustd import atomicfile
 
 ENV_VAR = "ROBUSTD_NVML_EMULATOR_STATE"
 MAX_GPUS = 16
@@ -256,16 +255,7 @@ def load(path: str) -> EmulatorState:
 
 def save(path: str, state: EmulatorState) -> None:
     """Atomic replace: the emulator sees the old file or the new one, never a mix."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".nvml-state-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dumps(state))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomicfile.write_bytes(path, dumps(state).encode("utf-8"))
 
 
 # -- edits -------------------------------------------------------------------------------------

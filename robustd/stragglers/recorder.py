@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from robustd import atomicfile
 from robustd.stragglers.optrace import OP_TYPES
 
 METADATA = "metadata.yaml"
@@ -491,9 +492,8 @@ def _megatron_state() -> tuple[int, int, int, int, int, int, int]:
 def replacing(path: Path) -> Iterator[Path]:
     """A temporary name beside `path` to write to, renamed onto `path` when the block ends: a reader (the
     analyser, `watch`) sees the old file or the whole new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    yield tmp
-    os.replace(tmp, path)
+    with atomicfile.replacing(path) as tmp:
+        yield Path(tmp)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -21,6 +21,8 @@ import os
 import time
 from typing import Any, Callable, Generic, Iterator, Protocol, TypeVar
 
+from robustd import atomicfile
+
 log = logging.getLogger("robustd.adapters")
 
 MAX_STATE_BYTES = 16 << 20  # a state file is a few KB; a larger one is not ours to parse whole
@@ -90,23 +92,9 @@ class StateFile(Generic[S]):
         self._known = None
         directory = os.path.dirname(self.path) or "."
         os.makedirs(directory, mode=0o750, exist_ok=True)
-        tmp = f"{self.path}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        atomicfile.write_bytes(self.path, data, mode=0o640, durable=True)
         with contextlib.suppress(OSError):
             self._known = (data, self._identity(os.stat(self.path)))
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     @contextlib.contextmanager
     def locked(self, timeout: float) -> Iterator[None]:

@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any
 
+from robustd import atomicfile
 from robustd.adapters.common import client
 from robustd.config import TracerConfig
 from robustd.roots import Roots
@@ -127,11 +128,7 @@ def save_stacks(state_dir: str, job: str, resp: Any) -> str:
     folder = os.path.join(state_dir, "stacks")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, f"job-{job}-{time.strftime('%Y%m%dT%H%M%S')}.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(to_json(resp))
-    os.replace(tmp, path)
+    atomicfile.write_bytes(path, to_json(resp).encode(), mode=0o600)
     old = sorted(glob.glob(os.path.join(glob.escape(folder), "job-*.json")), key=os.path.getmtime, reverse=True)
     for stale in old[STACKS_KEEP:]:
         with contextlib.suppress(OSError):
