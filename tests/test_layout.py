@@ -60,7 +60,8 @@ def test_the_running_daemon_loads_no_torch_no_recorder_and_no_kubernetes() -> No
 # module alone); every module of the tree must fall in one (a new module is placed on purpose).
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"vocabulary": ("=robustd", "robustd.model", "robustd.durations", "robustd.flags", "robustd.paths",
-                    "robustd.roots", "robustd.yamlpos", "robustd.bounds", "robustd.atomicfile", "robustd.identity", "robustd.inventory",
+                    "robustd.roots", "robustd.yamlpos", "robustd.bounds", "robustd.atomicfile", "robustd.identity",
+                    "robustd.inventory",
                     "robustd.traffic", "robustd.cpuinfo", "robustd.sdnotify", "robustd.socketpath", "robustd.ratelog",
                     "robustd.relay", "robustd.startup", "robustd.tls", "robustd.api.v1", "robustd.nvmlemu",
                     "robustd.stragglers", "robustd.fleet",
